@@ -1,0 +1,38 @@
+"""pyro_dgp: deep Gaussian processes as Pyro models, with interchangeable guides.
+
+>>> model = DeepGP.regression(X, y, num_layers=2)
+>>> guide = guides.MeanField(model)
+>>> fit(model, guide, X, y, num_steps=2000)
+>>> pred = predict(model, guide, X_test, num_samples=100)
+"""
+
+from . import datasets, guides, kernels, likelihoods, metrics
+from .conditional import conditional
+from .guides import complete, inducing_only
+from .layer import GPLayer
+from .linalg import CholeskyError, NumericalWarning
+from .model import DeepGP
+from .prediction import MixturePredictive, predict
+from .training import FitResult, TrainingDivergedError, fit
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CholeskyError",
+    "DeepGP",
+    "FitResult",
+    "GPLayer",
+    "MixturePredictive",
+    "NumericalWarning",
+    "TrainingDivergedError",
+    "complete",
+    "conditional",
+    "datasets",
+    "fit",
+    "guides",
+    "inducing_only",
+    "kernels",
+    "likelihoods",
+    "metrics",
+    "predict",
+]

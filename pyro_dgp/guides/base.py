@@ -1,0 +1,188 @@
+"""``LayerGuide``: the base of every guide; it runs the model with its layer sites redirected.
+
+A guide must provide every latent site of the model (DESIGN.md contract 2). Rather than
+re-implement the model's composition of layers, a guide runs the model itself under
+:class:`_Redirect`, a messenger that
+
+- at ``<layer>.u`` replaces the prior by ``q(u)`` (or fixes a value drawn elsewhere, hidden),
+- at ``<layer>.f`` replaces ``p(f | u, f_prev)`` by the guide's estimator ``N(loc, var)``
+  (masked, and tagged with its marginal for the analytic last layer),
+- hides every other site (observations, the likelihood), and refuses an unobserved global
+  latent that no guide covers.
+
+So one guide serves a :class:`~pyro_dgp.DeepGP` and any hand-written model built from
+:class:`~pyro_dgp.GPLayer`\\ s, in the order and wiring the model itself uses.
+"""
+
+from __future__ import annotations
+
+import pyro.distributions as dist
+import torch
+from pyro import poutine
+from pyro.nn import PyroModule
+from pyro.poutine.messenger import Messenger
+from pyro.poutine.util import site_is_subsample
+
+from ..layer import LAYER, FunctionMarginal, GPLayer, site_role
+from ..model import unique_name
+
+__all__ = ["LayerGuide", "LayerSite", "mvn_site", "prototype_sites"]
+
+_HIDE = "_dgp_hide"
+
+
+class LayerSite:
+    """What a guide knows of one layer: its ``.u`` site name and the layer module."""
+
+    def __init__(self, name: str, layer: GPLayer, index: int, is_last: bool):
+        self.name, self.layer, self.index, self.is_last = name, layer, index, is_last
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size([self.layer.output_dim, self.layer.num_inducing])
+
+
+def _is_vectorising(frame) -> bool:
+    return frame.name.startswith("_") or frame.name == "num_particles_vectorized"
+
+
+def prototype_sites(model, *args, **kwargs):
+    """Trace ``model`` once, isolated from any enclosing handlers.
+
+    :returns: ``(layer_sites, other_latents)``: the layers in the order the model samples their
+        ``.u`` sites, and the names of other unobserved sites outside every plate.
+    """
+    with torch.no_grad(), poutine.block():
+        trace = poutine.trace(model).get_trace(*args, **kwargs)
+    us = [(n, s) for n, s in trace.nodes.items() if s["type"] == "sample" and site_role(s) == "u"]
+    if not us:
+        raise ValueError("the model has no GP layer (no '<layer>.u' site): nothing to guide")
+    layer_sites = [
+        LayerSite(n, s["infer"][LAYER], i, i == len(us) - 1) for i, (n, s) in enumerate(us)
+    ]
+    others = [
+        n
+        for n, s in trace.nodes.items()
+        if s["type"] == "sample"
+        and site_role(s) is None
+        and not s["is_observed"]
+        and not s["cond_indep_stack"]
+        and not site_is_subsample(s)
+    ]
+    return layer_sites, others
+
+
+class _Redirect(Messenger):
+    def __init__(self, guide: LayerGuide):
+        super().__init__()
+        self.guide = guide
+
+    def _pyro_sample(self, msg):
+        if site_is_subsample(msg):
+            return
+        role = site_role(msg)
+        site = self.guide._sites.get(msg["name"].rsplit(".", 1)[0]) if role else None
+        if role == "u":
+            q = self.guide.u_site(site)
+            if isinstance(q, torch.Tensor):
+                msg["value"], msg["is_observed"] = q, True
+                msg["infer"][_HIDE] = True
+            else:
+                msg["fn"], msg["is_observed"], msg["value"] = q, False, None
+        elif role == "f":
+            infer = msg["infer"]
+            loc, var = self.guide.f_marginal(site, infer["dgp_input"], infer["dgp_u"])
+            msg["fn"] = FunctionMarginal(loc, var).mask(False)
+            msg["is_observed"], msg["value"] = False, None
+        elif msg["name"] in self.guide._supplied:
+            msg["value"], msg["is_observed"] = self.guide._supplied[msg["name"]], True
+        elif not msg["is_observed"] and all(_is_vectorising(f) for f in msg["cond_indep_stack"]):
+            raise ValueError(
+                f"{type(self.guide).__name__}: the model's global latent site '{msg['name']}' "
+                "is not covered by this guide; cover it with pyro_dgp.guides.complete("
+                "AutoNormal(pyro_dgp.inducing_only(model)), model)"
+            )
+
+
+def _hidden(msg) -> bool:
+    if msg["type"] != "sample" or site_is_subsample(msg):
+        return False
+    return site_role(msg) is None or bool(msg["infer"].get(_HIDE))
+
+
+class LayerGuide(PyroModule):
+    """Base class of the layer guides; subclasses define ``u_site`` and may override
+    ``f_marginal``.
+
+    :param model: the Pyro model (a :class:`~pyro_dgp.DeepGP` or any model with GP layers);
+        it is referenced, not registered as a submodule, so the guide's parameters are its own.
+    """
+
+    #: TraceMeanField_ELBO is valid only if q factorises over layers like the prior does.
+    mean_field = False
+
+    def __init__(self, model, name: str | None = None):
+        super().__init__(name=name if name is not None else unique_name(type(self).__name__))
+        self._model = (model,)
+        self._sites: dict[str, LayerSite] = {}
+        self._supplied: dict[str, torch.Tensor] = {}
+        self._set_up = False
+
+    @property
+    def model(self):
+        return self._model[0]
+
+    @property
+    def layer_sites(self) -> list[LayerSite]:
+        return list(self._sites.values())
+
+    def setup(self, *args, **kwargs) -> None:
+        """Create the variational parameters from a prototype trace (done on first call)."""
+        sites, others = prototype_sites(self.model, *args, **kwargs)
+        self._check_others(others)
+        self._sites = {s.name.rsplit(".", 1)[0]: s for s in sites}
+        self._setup_sites(sites)
+        self._set_up = True
+
+    def _check_others(self, others: list[str]) -> None:
+        if others:
+            raise ValueError(
+                f"{type(self).__name__}: the model has global latent sites {others} that are not "
+                "GP layer sites; cover them with pyro_dgp.guides.complete(AutoNormal("
+                "pyro_dgp.inducing_only(model)), model)"
+            )
+
+    def _setup_sites(self, sites: list[LayerSite]) -> None:
+        pass
+
+    def u_site(self, site: LayerSite):
+        """The distribution ``q(u)`` to sample at ``site`` (or a tensor drawn elsewhere)."""
+        raise NotImplementedError
+
+    def f_marginal(self, site: LayerSite, x: torch.Tensor, u: torch.Tensor):
+        """``(loc, var)`` of ``f`` at the layer's inputs ``x``, each ``(..., N, D_out)``.
+
+        Default, the sampled-u estimator: the model's own conditional ``p(f | u, f_prev)``,
+        exact for any ``q(u)`` since ``u`` was drawn from ``q``.
+        """
+        return site.layer.conditional(x, u)
+
+    def forward(self, *args, **kwargs):
+        if not self._set_up:
+            self.setup(*args, **kwargs)
+        self._before_run(*args, **kwargs)
+        try:
+            with poutine.block(hide_fn=_hidden), _Redirect(self):
+                self.model(*args, **kwargs)
+        finally:
+            self._supplied = {}
+        return {}
+
+    def _before_run(self, *args, **kwargs) -> None:
+        """Hook: draw anything needed before the model runs (e.g. joint samples)."""
+
+
+def mvn_site(loc: torch.Tensor, scale_tril: torch.Tensor) -> dist.Distribution:
+    """``q(u)`` with event shape ``(D, M)``: independent MVNs per output row."""
+    return dist.MultivariateNormal(loc, scale_tril=scale_tril).to_event(1)
+

@@ -1,0 +1,108 @@
+"""Completing a guide over the ``.u`` sites (a Pyro autoguide, say) into a full DGP guide."""
+
+from __future__ import annotations
+
+import torch
+from pyro import poutine
+from pyro.poutine.messenger import Messenger
+from pyro.poutine.util import site_is_subsample
+
+from ..layer import site_role
+from .base import LayerGuide
+
+__all__ = ["Completed", "complete", "inducing_only"]
+
+
+class _Placeholder(Messenger):
+    """Gives every ``.f`` site zeros of its shape, so no conditional is ever computed."""
+
+    def _pyro_sample(self, msg):
+        if site_role(msg) == "f":
+            fn = msg["fn"]
+            msg["value"] = torch.zeros(
+                fn.batch_shape + fn.event_shape, dtype=msg["infer"]["dgp_u"].dtype,
+                device=msg["infer"]["dgp_u"].device,
+            )
+            msg["is_observed"] = True
+
+
+def _not_global_latent(msg) -> bool:
+    if msg["type"] != "sample" or site_is_subsample(msg):
+        return False
+    if site_role(msg) == "u":
+        return False
+    return site_role(msg) == "f" or msg["is_observed"] or bool(msg["cond_indep_stack"])
+
+
+class InducingOnly:
+    """The model restricted to its global latents: every ``.u`` site and any other latent
+    outside the plates (e.g. a ``PyroSample`` hyperparameter). Function values, observations
+    and local sites are hidden and never computed. Build autoguides on it."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, *args, **kwargs):
+        with poutine.block(hide_fn=_not_global_latent), _Placeholder():
+            self.model(*args, **kwargs)
+
+
+def inducing_only(model) -> InducingOnly:
+    """See :class:`InducingOnly`."""
+    return InducingOnly(model)
+
+
+class Completed(LayerGuide):
+    """``inner`` draws the ``.u`` sites (and any other global latents) with its own density;
+    the ``.f`` sites come from the model's conditional given those draws (sampled-u estimator,
+    unbiased for any ``q(u)``).
+
+    TraceMeanField_ELBO is valid only if ``inner`` itself factorises like the prior (e.g.
+    AutoNormal); it is not for a joint guide such as AutoMultivariateNormal.
+    """
+
+    def __init__(self, inner, model, name=None):
+        super().__init__(model, name=name)
+        self.inner = inner
+        self._inner_ready = False
+
+    def _check_others(self, others):
+        pass  # the inner guide covers them; checked on every call in _before_run
+
+    def _before_run(self, *args, **kwargs):
+        if not self._inner_ready:
+            # Autoguides build their parameters (and nn modules, e.g. AutoIAFNormal's flows) in
+            # the default dtype; move them to the model's dtype and device once built.
+            with torch.no_grad(), poutine.block():
+                self.inner(*args, **kwargs)
+            if isinstance(self.inner, torch.nn.Module):
+                ref = self.layer_sites[0].layer.inducing_points
+                self.inner.to(device=ref.device, dtype=ref.dtype)
+            self._inner_ready = True
+        trace = poutine.trace(self.inner).get_trace(*args, **kwargs)
+        values = {
+            n: s["value"]
+            for n, s in trace.nodes.items()
+            if s["type"] == "sample" and not s["is_observed"]
+        }
+        missing = [s.name for s in self.layer_sites if s.name not in values]
+        if missing:
+            raise ValueError(
+                f"complete(): the inner guide does not provide the inducing sites {missing}; "
+                "build it on pyro_dgp.inducing_only(model)"
+            )
+        self._supplied = values
+
+    def u_site(self, site):
+        return self._supplied[site.name]
+
+
+def complete(guide, model, name=None) -> Completed:
+    """Turn a guide over the ``.u`` sites into a full guide of ``model``.
+
+    ``guide`` is any Pyro guide whose sites include every ``<layer>.u``, typically a Pyro
+    autoguide built on :func:`inducing_only`::
+
+        guide = complete(AutoMultivariateNormal(inducing_only(model)), model)
+    """
+    return Completed(guide, model, name=name)

@@ -1,0 +1,104 @@
+"""Mean-field Gaussian guide over layers (DSVI, seed 002 eq. 12)."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+from pyro.distributions import constraints
+from pyro.infer.autoguide.utils import deep_setattr
+from pyro.nn import PyroModule, PyroParam
+
+from .base import LayerGuide, LayerSite, mvn_site
+
+__all__ = ["MeanField"]
+
+
+def deep_getattr(obj, key: str):
+    """Inverse of Pyro's ``deep_setattr``: ``obj.a.b.c`` for ``key = "a.b.c"``."""
+    return functools.reduce(getattr, key.split("."), obj)
+
+
+class MeanField(LayerGuide):
+    """``q(U) = prod_l prod_d N(u^l_d; m^l_d, S^l_d)``, a full ``M x M`` covariance per output.
+
+    Estimators of ``E_q log p(y | f^L)``:
+
+    - ``collapsed=True`` (DSVI eq. 15): ``u^l`` is integrated out per point, so ``f^l`` is drawn
+      from the univariate marginals ``N(A^T m, k - A^T (K - S) A)``. Unbiased because ``q(u^l)``
+      is Gaussian and independent of the layers below, so this marginal is exactly the law of
+      ``f^l`` given ``f^{l-1}`` under the guide.
+    - ``collapsed=False``: the sampled-u estimator; ``f^l`` is drawn from the model's
+      conditional given the sampled ``u^l``.
+
+    Either way the last layer's Gaussian is handed to the likelihood, which scores its
+    expectation in closed form (Gaussian) or by Gauss-Hermite.
+
+    Initialisation (REFERENCE.md §3): ``m = 0``; ``S = inner_scale^2 I`` for inner layers and
+    the prior for the last layer (``I`` whitened, ``K_ZZ`` unwhitened).
+
+    Valid with ``Trace_ELBO``, ``TraceMeanField_ELBO`` (analytic KL) and ``RenyiELBO``.
+    """
+
+    mean_field = True
+
+    def __init__(self, model, collapsed: bool = True, inner_variance: float = 1e-5, name=None):
+        super().__init__(model, name=name)
+        if not inner_variance > 0:
+            raise ValueError(f"MeanField: inner_variance must be positive, got {inner_variance}")
+        self.collapsed = bool(collapsed)
+        self.inner_variance = float(inner_variance)
+        self.locs = PyroModule()
+        self.scale_trils = PyroModule()
+
+    def _setup_sites(self, sites: list[LayerSite]) -> None:
+        for site in sites:
+            layer = site.layer
+            Z = layer.inducing_points.detach()
+            D, M = site.shape
+            loc = Z.new_zeros(D, M)
+            if not site.is_last:
+                tril = math.sqrt(self.inner_variance) * torch.eye(M, dtype=Z.dtype, device=Z.device)
+            elif layer.whiten:
+                tril = torch.eye(M, dtype=Z.dtype, device=Z.device)
+            else:
+                with torch.no_grad():
+                    tril = layer.kzz_cholesky()
+            deep_setattr(self.locs, site.name, PyroParam(loc))
+            deep_setattr(
+                self.scale_trils,
+                site.name,
+                PyroParam(tril.expand(D, M, M).clone(), constraints.lower_cholesky),
+            )
+
+    def q_params(self, site: LayerSite) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loc (D, M), scale_tril (D, M, M))`` of ``q(u)`` at ``site``."""
+        return deep_getattr(self.locs, site.name), deep_getattr(self.scale_trils, site.name)
+
+    def set_q(self, site_name: str, loc: torch.Tensor, scale_tril: torch.Tensor) -> None:
+        """Overwrite ``q(u)`` at ``site_name`` (e.g. ``"layer1.u"``) in place.
+
+        :param loc: ``(D, M)``; :param scale_tril: ``(D, M, M)`` lower triangular, positive
+            diagonal. Works in both Pyro parameter modes (global store or module-local).
+        """
+        if site_name not in {s.name for s in self.layer_sites}:
+            raise KeyError(f"no inducing site {site_name!r}; sites: {[s.name for s in self.layer_sites]}")
+        for holder, value, constraint in (
+            (self.locs, loc, constraints.real),
+            (self.scale_trils, scale_tril, constraints.lower_cholesky),
+        ):
+            *path, leaf = site_name.split(".")
+            module = deep_getattr(holder, ".".join(path)) if path else holder
+            with torch.no_grad():
+                unconstrained = getattr(module, leaf + "_unconstrained")
+                unconstrained.copy_(torch.distributions.transform_to(constraint).inv(value))
+
+    def u_site(self, site):
+        return mvn_site(*self.q_params(site))
+
+    def f_marginal(self, site, x, u):
+        if self.collapsed:
+            loc, scale_tril = self.q_params(site)
+            return site.layer.conditional(x, loc, scale_tril)
+        return site.layer.conditional(x, u)

@@ -1,0 +1,219 @@
+"""Batched covariance functions.
+
+``pyro.contrib.gp`` kernels accept only 2-D inputs; deep GP layers evaluate kernels on inputs
+with leading sample dimensions (particles, predictive samples), so these kernels broadcast over
+any leading batch dims.
+
+Every kernel is called as ``kernel(X1, X2=None, diag=False)``:
+
+- ``X1``: ``(..., N, D)``, ``X2``: ``(..., M, D)`` -> ``(..., N, M)``
+- ``X2=None`` means ``X2 = X1`` *and* the same points, so noise-like kernels (``White``) add
+  their diagonal only there;
+- ``diag=True`` -> ``(..., N)``, the variances ``k(x_i, x_i)``.
+
+Hyperparameters are positive ``PyroParam``s; assign a ``PyroSample`` to make one Bayesian.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from pyro.distributions import constraints
+from pyro.nn import PyroModule, PyroParam
+
+__all__ = [
+    "Kernel",
+    "Stationary",
+    "RBF",
+    "Matern12",
+    "Matern32",
+    "Matern52",
+    "Periodic",
+    "White",
+    "Sum",
+    "Product",
+]
+
+
+def _positive(value, shape=None) -> torch.Tensor:
+    t = torch.as_tensor(value, dtype=torch.get_default_dtype())
+    if shape is not None:
+        t = t.expand(shape).clone()
+    if not bool((t > 0).all()):
+        raise ValueError(f"kernel hyperparameters must be positive, got {t.tolist()}")
+    return t
+
+
+class Kernel(PyroModule):
+    """Base class: ``input_dim`` is the size D of the last input dimension."""
+
+    def __init__(self, input_dim: int):
+        super().__init__()
+        if int(input_dim) <= 0:
+            raise ValueError(f"input_dim must be a positive integer, got {input_dim}")
+        self.input_dim = int(input_dim)
+
+    def forward(self, X1: torch.Tensor, X2: torch.Tensor | None = None, diag: bool = False):
+        raise NotImplementedError
+
+    def _check(self, X: torch.Tensor) -> None:
+        if X.dim() < 2 or X.shape[-1] != self.input_dim:
+            raise ValueError(
+                f"{type(self).__name__} expects inputs of shape (..., N, {self.input_dim}), "
+                f"got {tuple(X.shape)}"
+            )
+
+    def __add__(self, other: Kernel) -> Sum:
+        return Sum(self, other)
+
+    def __mul__(self, other: Kernel) -> Product:
+        return Product(self, other)
+
+
+class Stationary(Kernel):
+    """A kernel ``variance * g(r)`` of the scaled distance ``r = |x - x'| / lengthscale``.
+
+    ``lengthscale`` is a scalar (isotropic) or ``(D,)`` (ARD, ``ard=True``).
+    """
+
+    def __init__(self, input_dim: int, variance=1.0, lengthscale=1.0, ard: bool = True):
+        super().__init__(input_dim)
+        self.variance = PyroParam(_positive(variance), constraints.positive)
+        shape = (self.input_dim,) if ard else ()
+        self.lengthscale = PyroParam(_positive(lengthscale, shape), constraints.positive)
+
+    def _scaled_sqdist(self, X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:
+        ls = self.lengthscale
+        A = X1 / ls
+        B = X2 / ls
+        # |a - b|^2 = |a|^2 + |b|^2 - 2 a.b: one matmul instead of an (N, M, D) difference tensor.
+        d2 = (A * A).sum(-1, keepdim=True) + (B * B).sum(-1).unsqueeze(-2) - 2 * A @ B.mT
+        return d2.clamp_min(0)
+
+    def profile(self, r2: torch.Tensor) -> torch.Tensor:
+        """g as a function of the squared scaled distance."""
+        raise NotImplementedError
+
+    def forward(self, X1, X2=None, diag=False):
+        self._check(X1)
+        var = self.variance
+        if diag:
+            return var.expand(X1.shape[:-1]).to(X1.dtype)
+        if X2 is None:
+            X2 = X1
+        else:
+            self._check(X2)
+        return var * self.profile(self._scaled_sqdist(X1, X2))
+
+
+class RBF(Stationary):
+    """Squared exponential: ``variance * exp(-r^2 / 2)``."""
+
+    def profile(self, r2):
+        return torch.exp(-0.5 * r2)
+
+
+def _dist(r2: torch.Tensor) -> torch.Tensor:
+    # sqrt has an infinite derivative at 0; the tiny floor keeps gradients finite on the diagonal.
+    return torch.sqrt(r2 + torch.finfo(r2.dtype).tiny ** 0.5)
+
+
+class Matern12(Stationary):
+    """Exponential kernel: ``variance * exp(-r)``."""
+
+    def profile(self, r2):
+        return torch.exp(-_dist(r2))
+
+
+class Matern32(Stationary):
+    """``variance * (1 + sqrt(3) r) exp(-sqrt(3) r)``."""
+
+    def profile(self, r2):
+        s = math.sqrt(3.0) * _dist(r2)
+        return (1 + s) * torch.exp(-s)
+
+
+class Matern52(Stationary):
+    """``variance * (1 + sqrt(5) r + 5 r^2 / 3) exp(-sqrt(5) r)``."""
+
+    def profile(self, r2):
+        s = math.sqrt(5.0) * _dist(r2)
+        return (1 + s + s * s / 3) * torch.exp(-s)
+
+
+class Periodic(Kernel):
+    """``variance * exp(-2 sum_d sin^2(pi (x_d - x'_d) / period) / lengthscale_d^2)``."""
+
+    def __init__(self, input_dim: int, variance=1.0, lengthscale=1.0, period=1.0, ard=True):
+        super().__init__(input_dim)
+        shape = (self.input_dim,) if ard else ()
+        self.variance = PyroParam(_positive(variance), constraints.positive)
+        self.lengthscale = PyroParam(_positive(lengthscale, shape), constraints.positive)
+        self.period = PyroParam(_positive(period, shape), constraints.positive)
+
+    def forward(self, X1, X2=None, diag=False):
+        self._check(X1)
+        if diag:
+            return self.variance.expand(X1.shape[:-1]).to(X1.dtype)
+        if X2 is None:
+            X2 = X1
+        else:
+            self._check(X2)
+        diff = X1.unsqueeze(-2) - X2.unsqueeze(-3)  # (..., N, M, D)
+        s = torch.sin(math.pi * diff / self.period) / self.lengthscale
+        return self.variance * torch.exp(-2 * (s * s).sum(-1))
+
+
+class White(Kernel):
+    """White noise ``variance * [x == x']``, counted only when ``X2`` is omitted.
+
+    Added to an inner layer's kernel it is the between-layer noise of DSVI: it enters ``K_ZZ``
+    and ``k(x, x)`` but not the cross-covariance ``K_ZX``.
+    """
+
+    def __init__(self, input_dim: int, variance=1e-5):
+        super().__init__(input_dim)
+        self.variance = PyroParam(_positive(variance), constraints.positive)
+
+    def forward(self, X1, X2=None, diag=False):
+        self._check(X1)
+        if diag:
+            return self.variance.expand(X1.shape[:-1]).to(X1.dtype)
+        if X2 is not None:
+            self._check(X2)
+            shape = torch.broadcast_shapes(X1.shape[:-2], X2.shape[:-2])
+            return X1.new_zeros(shape + (X1.shape[-2], X2.shape[-2]))
+        eye = torch.eye(X1.shape[-2], dtype=X1.dtype, device=X1.device)
+        return self.variance * eye.expand(X1.shape[:-2] + eye.shape)
+
+
+class _Combination(Kernel):
+    def __init__(self, *kernels: Kernel):
+        if len(kernels) < 2:
+            raise ValueError("a kernel combination needs at least two kernels")
+        dims = {k.input_dim for k in kernels}
+        if len(dims) != 1:
+            raise ValueError(f"combined kernels must share input_dim, got {sorted(dims)}")
+        super().__init__(dims.pop())
+        self.kernels = PyroModule[torch.nn.ModuleList](kernels)
+
+
+class Sum(_Combination):
+    """``k1 + k2 + ...``"""
+
+    def forward(self, X1, X2=None, diag=False):
+        out = self.kernels[0](X1, X2, diag)
+        for k in self.kernels[1:]:
+            out = out + k(X1, X2, diag)
+        return out
+
+
+class Product(_Combination):
+    """``k1 * k2 * ...`` (elementwise)."""
+
+    def forward(self, X1, X2=None, diag=False):
+        out = self.kernels[0](X1, X2, diag)
+        for k in self.kernels[1:]:
+            out = out * k(X1, X2, diag)
+        return out

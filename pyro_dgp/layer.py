@@ -1,0 +1,325 @@
+"""``GPLayer``: a multi-output GP layer that owns the sites ``<name>.u`` and ``<name>.f``.
+
+Site contract (DESIGN.md):
+
+- ``<name>.u``: inducing outputs, event shape ``(D_out, M)``, outside the data plate. Prior
+  ``N(0, K_ZZ)`` per output (``N(0, I)`` when whitened), as a residual: the mean function is
+  added to ``f``, so ``u = 0`` gives exactly the mean function.
+- ``<name>.f``: function values at the layer's inputs, inside the data plate (dim -1), event
+  shape ``(D_out,)``, distribution ``p(f | u, f_prev)`` with per-point marginals, masked.
+
+The model's ``.f`` distribution is lazy: the conditional is computed only if the site is
+actually sampled (no guide supplied a value). Under a guide that replays ``.f`` the model does
+no conditional work at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.distributions import constraints
+from pyro.distributions.util import broadcast_shape
+from pyro.nn import PyroModule, PyroParam
+
+from .conditional import conditional
+from .kernels import RBF, Kernel
+from .linalg import cholesky, default_jitter
+from .validation import check_inputs
+
+__all__ = [
+    "FunctionMarginal",
+    "GPLayer",
+    "LayerConditional",
+    "marginal_of",
+    "sample_hyperparameters",
+    "site_role",
+]
+
+#: ``msg["infer"]`` keys that tag layer sites for guides.
+ROLE, LAYER, INPUT, INDUCING = "dgp_role", "dgp_layer", "dgp_input", "dgp_u"
+_MARGINAL_ATTR = "_pyro_dgp_marginal"
+
+
+def site_role(msg: dict) -> str | None:
+    """``"u"``, ``"f"`` or ``None`` for a Pyro message or trace node."""
+    return (msg.get("infer") or {}).get(ROLE)
+
+
+def attach_marginal(value: torch.Tensor, loc: torch.Tensor, var: torch.Tensor) -> None:
+    """Record on a sampled ``f`` the Gaussian ``N(loc, var)`` it was drawn from.
+
+    A guide attaches it where that Gaussian is exact given everything else the guide drew, so a
+    likelihood may replace ``log p(y | f)`` by its expectation under it (Rao-Blackwellisation:
+    same expectation, lower variance). A value without it is just a sample.
+    """
+    setattr(value, _MARGINAL_ATTR, (loc, var))
+
+
+def marginal_of(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The ``(loc, var)`` attached by :func:`attach_marginal`, or ``None``."""
+    return getattr(value, _MARGINAL_ATTR, None)
+
+
+def sample_hyperparameters(module: torch.nn.Module) -> None:
+    """Draw every ``PyroSample`` attribute of ``module`` and its children now.
+
+    PyroModule samples such a site at its first access in a call; touching them before the
+    data plate opens keeps global hyperparameters out of it.
+    """
+    for m in module.modules():
+        for attr in getattr(m, "_pyro_samples", {}):
+            getattr(m, attr)
+
+
+def _drop_data_dim(u: torch.Tensor) -> torch.Tensor:
+    """``(..., P, 1, D, M) -> (..., P, D, M)``.
+
+    ``u`` lives outside the data plate (dim -1), so under outer plates (particles, predictive
+    samples) its batch shape ends in a singleton at the data plate's position; dropping it lines
+    ``u`` up with the layer input ``x`` of shape ``(..., P, N, D_in)``.
+    """
+    if u.dim() <= 2:
+        return u
+    if u.shape[-3] != 1:
+        raise ValueError(
+            f"inducing outputs of shape {tuple(u.shape)} have a batch dim at the data plate's "
+            "position (-1); plates around a GP layer must use dims <= -2"
+        )
+    return u.squeeze(-3)
+
+
+class FunctionMarginal(dist.Independent):
+    """``N(loc, var)`` per point and output, event shape ``(D_out,)``.
+
+    Its reparameterised samples carry their ``(loc, var)`` (see :func:`attach_marginal`).
+    """
+
+    def __init__(self, loc: torch.Tensor, var: torch.Tensor, validate_args=None):
+        super().__init__(dist.Normal(loc, var.sqrt()), 1, validate_args=False)
+
+    def rsample(self, sample_shape=torch.Size()):
+        value = super().rsample(sample_shape)
+        if not sample_shape:
+            normal = self.base_dist
+            attach_marginal(value, normal.loc, normal.scale**2)
+        return value
+
+    def expand(self, batch_shape, _instance=None):
+        shape = torch.Size(batch_shape) + self.event_shape
+        normal = self.base_dist
+        return FunctionMarginal(normal.loc.expand(shape), (normal.scale**2).expand(shape))
+
+
+class LayerConditional(dist.TorchDistribution):
+    """``p(f | u, x)`` of one layer, computed only when sampled or scored.
+
+    batch shape ``(..., N)``, event shape ``(D_out,)``.
+    """
+
+    arg_constraints = {}
+    support = constraints.real_vector
+    has_rsample = True
+
+    def __init__(self, layer: GPLayer, x: torch.Tensor, u: torch.Tensor, validate_args=None):
+        self.layer, self.x, self.u = layer, x, u
+        batch_shape = broadcast_shape(x.shape[:-1], u.shape[:-2] + (1,))
+        self._marginal = None
+        super().__init__(batch_shape, torch.Size([layer.output_dim]), validate_args=False)
+
+    def marginal(self) -> FunctionMarginal:
+        if self._marginal is None:
+            loc, var = self.layer.conditional(self.x, self.u)
+            self._marginal = FunctionMarginal(loc, var).expand(self.batch_shape)
+        return self._marginal
+
+    def rsample(self, sample_shape=torch.Size()):
+        return self.marginal().rsample(sample_shape)
+
+    def log_prob(self, value):
+        return self.marginal().log_prob(value)
+
+    def expand(self, batch_shape, _instance=None):
+        batch_shape = torch.Size(batch_shape)
+        return LayerConditional(self.layer, self.x.expand(batch_shape + self.x.shape[-1:]), self.u)
+
+
+class GPLayer(PyroModule):
+    """A layer of ``output_dim`` independent GPs sharing a kernel and inducing inputs.
+
+    :param input_dim: D_in.
+    :param output_dim: D_out.
+    :param num_inducing: M, with ``inducing_points`` initialised from a standard normal; or
+    :param inducing_points: ``(M, D_in)`` initial inducing inputs Z (learned).
+    :param kernel: a :class:`~pyro_dgp.kernels.Kernel` over D_in (default ARD RBF).
+    :param mean: ``"zero"``, ``"identity"`` (needs D_in == D_out), a fixed ``(D_in, D_out)``
+        matrix W (``m(x) = x W``, e.g. a PCA map), or a callable ``(..., N, D_in) ->
+        (..., N, D_out)``.
+    :param whiten: parameterise ``u = L v`` with ``v ~ N(0, I)`` (default).
+    :param jitter: relative diagonal jitter for ``K_ZZ`` (default by dtype).
+    :param name: site-name prefix; defaults to the attribute name in the parent module.
+    :param train_inducing: learn Z (default) or keep it fixed.
+    """
+
+    def __init__(
+        self,
+        input_dim: int,
+        output_dim: int,
+        num_inducing: int | None = None,
+        inducing_points: torch.Tensor | None = None,
+        kernel: Kernel | None = None,
+        mean: str | torch.Tensor | Callable = "zero",
+        whiten: bool = True,
+        jitter: float | None = None,
+        name: str | None = None,
+        train_inducing: bool = True,
+    ):
+        super().__init__()
+        for label, v in (("input_dim", input_dim), ("output_dim", output_dim)):
+            if int(v) != v or int(v) <= 0:
+                raise ValueError(f"GPLayer: {label} must be a positive integer, got {v}")
+        self.input_dim, self.output_dim = int(input_dim), int(output_dim)
+        if inducing_points is None:
+            if num_inducing is None or int(num_inducing) <= 0:
+                raise ValueError(
+                    f"GPLayer: num_inducing must be a positive integer, got {num_inducing}"
+                )
+            inducing_points = torch.randn(int(num_inducing), self.input_dim)
+        inducing_points = torch.as_tensor(inducing_points)
+        if inducing_points.dim() != 2 or inducing_points.shape[-1] != self.input_dim:
+            raise ValueError(
+                f"GPLayer: inducing_points must have shape (M, {self.input_dim}), "
+                f"got {tuple(inducing_points.shape)}"
+            )
+        if not torch.isfinite(inducing_points).all():
+            raise ValueError("GPLayer: inducing_points contain NaN or inf")
+        if train_inducing:
+            self.inducing_points = PyroParam(inducing_points.clone())
+        else:
+            self.register_buffer("inducing_points", inducing_points.clone())
+        self.kernel = kernel if kernel is not None else RBF(self.input_dim)
+        if self.kernel.input_dim != self.input_dim:
+            raise ValueError(
+                f"GPLayer: kernel input_dim {self.kernel.input_dim} != layer input_dim "
+                f"{self.input_dim}"
+            )
+        self._mean_kind, self._mean_fn = self._parse_mean(mean)
+        self.whiten = bool(whiten)
+        if jitter is not None and not jitter > 0:
+            raise ValueError(f"GPLayer: jitter must be positive, got {jitter}")
+        self.jitter = jitter
+        self._site_prefix = name
+
+    # ----------------------------------------------------------------------------- structure
+    def _parse_mean(self, mean):
+        if isinstance(mean, str):
+            if mean == "zero":
+                return "zero", None
+            if mean == "identity":
+                if self.input_dim != self.output_dim:
+                    raise ValueError(
+                        f"GPLayer: mean='identity' needs input_dim == output_dim, got "
+                        f"{self.input_dim} -> {self.output_dim}; pass a (D_in, D_out) matrix"
+                    )
+                return "identity", None
+            raise ValueError(
+                f"GPLayer: mean must be 'zero', 'identity', a matrix or a callable, got {mean!r}"
+            )
+        if callable(mean) and not isinstance(mean, torch.Tensor):
+            return "callable", mean
+        W = torch.as_tensor(mean)
+        if W.shape != (self.input_dim, self.output_dim):
+            raise ValueError(
+                f"GPLayer: a linear mean must have shape ({self.input_dim}, {self.output_dim}), "
+                f"got {tuple(W.shape)}"
+            )
+        self.register_buffer("mean_weight", W.clone())
+        return "linear", None
+
+    @property
+    def name(self) -> str:
+        """Site-name prefix: ``<name>.u`` and ``<name>.f``."""
+        return self._site_prefix or self._pyro_name or "gp"
+
+    @property
+    def num_inducing(self) -> int:
+        return self.inducing_points.shape[-2]
+
+    def mean_function(self, x: torch.Tensor) -> torch.Tensor:
+        """``(..., N, D_in) -> (..., N, D_out)``."""
+        if self._mean_kind == "zero":
+            return x.new_zeros(x.shape[:-1] + (self.output_dim,))
+        if self._mean_kind == "identity":
+            return x
+        if self._mean_kind == "linear":
+            return x @ self.mean_weight
+        out = self._mean_fn(x)
+        if out.shape[-1] != self.output_dim:
+            raise ValueError(
+                f"layer '{self.name}': the mean callable returned last dim {out.shape[-1]}, "
+                f"expected {self.output_dim}"
+            )
+        return out
+
+    # ------------------------------------------------------------------------------- algebra
+    def kzz_cholesky(self) -> torch.Tensor:
+        """``(M, M)`` lower Cholesky factor of ``K_ZZ`` (with jitter, escalated on failure)."""
+        Z = self.inducing_points
+        jitter = self.jitter if self.jitter is not None else default_jitter(Z.dtype)
+        return cholesky(self.kernel(Z), jitter=jitter, name=f"layer '{self.name}'")
+
+    def conditional(
+        self,
+        x: torch.Tensor,
+        u_loc: torch.Tensor,
+        u_scale_tril: torch.Tensor | None = None,
+        Lzz: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Marginals of ``f(x)`` given ``u`` (``u_scale_tril=None``) or ``u ~ N(u_loc, S)``.
+
+        :param x: ``(..., N, D_in)``.
+        :param u_loc: ``(..., D_out, M)`` in this layer's (whitened or not) parameterisation.
+        :param u_scale_tril: ``(..., D_out, M, M)`` or ``None``.
+        :returns: ``(loc, var)``, each ``(..., N, D_out)``, the mean function included.
+        """
+        if Lzz is None:
+            Lzz = self.kzz_cholesky()
+        Z = self.inducing_points
+        loc, var = conditional(
+            self.kernel(Z, x), Lzz, self.kernel(x, diag=True), u_loc, u_scale_tril, self.whiten
+        )
+        return loc + self.mean_function(x), var
+
+    def prior(self) -> dist.Distribution:
+        """``p(u)``: event shape ``(D_out, M)``."""
+        Z = self.inducing_points
+        M = Z.shape[-2]
+        loc = Z.new_zeros(self.output_dim, M)
+        if self.whiten:
+            tril = torch.eye(M, dtype=Z.dtype, device=Z.device)
+        else:
+            tril = self.kzz_cholesky()
+        return dist.MultivariateNormal(loc, scale_tril=tril.expand(self.output_dim, M, M)).to_event(
+            1
+        )
+
+    # ------------------------------------------------------------------------------- model
+    def forward(self, x: torch.Tensor, plate: pyro.plate | None = None) -> torch.Tensor:
+        """Sample ``<name>.u`` then ``<name>.f`` at ``x``.
+
+        :param x: ``(..., N, D_in)`` layer inputs (the data, or the previous layer's ``f``).
+        :param plate: the model's data plate (dim -1); a plate of size N is made if omitted.
+        :returns: ``f`` of shape ``(..., N, D_out)``.
+        """
+        check_inputs(x, self.input_dim, f"layer '{self.name}' input")
+        name = self.name
+        sample_hyperparameters(self)
+        u = _drop_data_dim(pyro.sample(f"{name}.u", self.prior(), infer={ROLE: "u", LAYER: self}))
+        if plate is None:
+            plate = pyro.plate(f"{name}.data", x.shape[-2], dim=-1)
+        with plate:
+            fn = LayerConditional(self, x, u).mask(False)
+            infer = {ROLE: "f", LAYER: self, INPUT: x, INDUCING: u}
+            return pyro.sample(f"{name}.f", fn, infer=infer)

@@ -1,0 +1,203 @@
+"""Likelihoods ``p(y | f)`` for the last layer, with expectations under Gaussian ``f``.
+
+A likelihood is called inside the model's data plate as ``likelihood(f, y)`` and emits the
+observation site. Where the guide attached the Gaussian ``N(loc, var)`` that ``f`` was drawn
+from (see :func:`pyro_dgp.layer.attach_marginal`), the site scores ``E_{N(f; loc, var)} log
+p(y | f)`` instead of ``log p(y | f)`` (DSVI's analytic last layer, DESIGN.md contract 4):
+closed form for the Gaussian, Gauss-Hermite otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.distributions import constraints
+from pyro.nn import PyroModule, PyroParam
+from torch.special import log_ndtr, ndtr
+
+from .layer import marginal_of
+from .validation import check_targets
+
+__all__ = [
+    "Likelihood",
+    "Gaussian",
+    "BernoulliProbit",
+    "StudentT",
+    "gauss_hermite",
+]
+
+
+@functools.lru_cache(maxsize=32)
+def _hermgauss(n: int, dtype: torch.dtype, device: torch.device):
+    x, w = np.polynomial.hermite.hermgauss(n)
+    nodes = torch.as_tensor(x * math.sqrt(2.0), dtype=dtype, device=device)
+    log_w = torch.as_tensor(np.log(w / math.sqrt(math.pi)), dtype=dtype, device=device)
+    return nodes, log_w
+
+
+def gauss_hermite(loc: torch.Tensor, var: torch.Tensor, num_points: int = 20):
+    """Nodes and log-weights for expectations under ``N(loc, var)``.
+
+    :returns: ``(f, log_w)``: ``f`` of shape ``(num_points, *loc.shape)`` and ``log_w`` of shape
+        ``(num_points, 1, ..., 1)``; ``E[g(f)] ~= sum_k exp(log_w_k) g(f_k)``.
+    """
+    nodes, log_w = _hermgauss(num_points, loc.dtype, loc.device)
+    view = (-1,) + (1,) * loc.dim()
+    f = loc + var.clamp_min(0).sqrt() * nodes.view(view)
+    return f, log_w.view(view)
+
+
+class _Expected(dist.TorchDistribution):
+    """Observation site whose ``log_prob(y)`` is ``E_{N(f; loc, var)} log p(y | f)``."""
+
+    arg_constraints = {}
+    support = constraints.real
+
+    def __init__(self, likelihood: Likelihood, loc: torch.Tensor, var: torch.Tensor):
+        self.likelihood, self.loc, self.var = likelihood, loc, var
+        batch_shape = loc.shape
+        super().__init__(batch_shape, torch.Size(), validate_args=False)
+
+    def expand(self, batch_shape, _instance=None):
+        batch_shape = torch.Size(batch_shape)
+        return _Expected(
+            self.likelihood, self.loc.expand(batch_shape), self.var.expand(batch_shape)
+        )
+
+    def log_prob(self, value):
+        return self.likelihood.expected_log_prob(value, self.loc, self.var)
+
+    def sample(self, sample_shape=torch.Size()):
+        with torch.no_grad():
+            f = dist.Normal(self.loc, self.var.sqrt()).sample(sample_shape)
+            return self.likelihood.conditional(f).sample()
+
+
+class Likelihood(PyroModule):
+    """Base class. ``f`` passed in has shape ``(..., N, 1)``; ``y`` has shape ``(N,)``."""
+
+    #: whether y must be 0/1
+    binary = False
+    num_gh_points = 20
+
+    def conditional(self, f: torch.Tensor) -> dist.Distribution:
+        """``p(y | f)`` for ``f`` of shape ``(..., N)``."""
+        raise NotImplementedError
+
+    def expected_log_prob(self, y, loc, var):
+        """``E_{N(f; loc, var)} log p(y | f)``, Gauss-Hermite; shapes ``(..., N)``."""
+        f, log_w = gauss_hermite(loc, var, self.num_gh_points)
+        return (log_w.exp() * self.conditional(f).log_prob(y)).sum(0)
+
+    def predictive_log_prob(self, y, loc, var):
+        """``log int p(y | f) N(f; loc, var) df``, Gauss-Hermite; shapes ``(..., N)``."""
+        f, log_w = gauss_hermite(loc, var, self.num_gh_points)
+        return torch.logsumexp(log_w + self.conditional(f).log_prob(y), dim=0)
+
+    def forward(self, f: torch.Tensor, y: torch.Tensor | None = None, name: str = "y"):
+        """Emit the observation site ``name`` inside the caller's data plate.
+
+        :param f: ``(..., N, 1)`` last-layer function values.
+        :param y: ``(N,)`` observations or ``None``.
+        """
+        if f.shape[-1] != 1:
+            raise ValueError(
+                f"{type(self).__name__} is for a single output; the last layer has "
+                f"{f.shape[-1]} outputs"
+            )
+        if y is not None:
+            check_targets(y, f.shape[-2], label=name, binary=self.binary)
+            if y.dim() != 1:
+                raise ValueError(f"{name} must be 1-D of shape (N,), got {tuple(y.shape)}")
+        marginal = marginal_of(f)
+        if marginal is not None:
+            loc, var = (t.squeeze(-1) for t in marginal)
+            fn = _Expected(self, loc, var)
+        else:
+            fn = self.conditional(f.squeeze(-1))
+        return pyro.sample(name, fn, obs=y)
+
+
+class Gaussian(Likelihood):
+    """``y ~ N(f, variance)``; ``variance`` is a positive ``PyroParam`` (init 0.01)."""
+
+    def __init__(self, variance: float = 0.01):
+        super().__init__()
+        if not variance > 0:
+            raise ValueError(f"Gaussian likelihood: variance must be positive, got {variance}")
+        self.variance = PyroParam(torch.tensor(float(variance)), constraints.positive)
+
+    def conditional(self, f):
+        return dist.Normal(f, self.variance.sqrt())
+
+    def expected_log_prob(self, y, loc, var):
+        noise = self.variance
+        return dist.Normal(loc, noise.sqrt()).log_prob(y) - 0.5 * var / noise
+
+    def predictive_log_prob(self, y, loc, var):
+        return dist.Normal(loc, (var + self.variance).sqrt()).log_prob(y)
+
+    def predictive_moments(self, loc, var):
+        """Mean and variance of ``y`` under ``N(f; loc, var)``."""
+        return loc, var + self.variance
+
+
+class BernoulliProbit(Likelihood):
+    """``p(y = 1 | f) = Phi(f)`` for labels in {0, 1}."""
+
+    binary = True
+
+    def conditional(self, f):
+        return _Probit(f)
+
+    def predictive_log_prob(self, y, loc, var):
+        z = loc / (1 + var).sqrt()
+        return torch.where(y > 0.5, log_ndtr(z), log_ndtr(-z))
+
+    def predictive_moments(self, loc, var):
+        p = ndtr(loc / (1 + var).sqrt())
+        return p, p * (1 - p)
+
+
+class _Probit(dist.TorchDistribution):
+    """Bernoulli with ``p = Phi(f)``, scored with ``log_ndtr`` (stable in the tails)."""
+
+    arg_constraints = {}
+    support = constraints.boolean
+
+    def __init__(self, f):
+        self.f = f
+        super().__init__(f.shape, torch.Size(), validate_args=False)
+
+    def expand(self, batch_shape, _instance=None):
+        return _Probit(self.f.expand(batch_shape))
+
+    def log_prob(self, value):
+        return torch.where(value > 0.5, log_ndtr(self.f), log_ndtr(-self.f))
+
+    def sample(self, sample_shape=torch.Size()):
+        return torch.bernoulli(ndtr(self.f).expand(sample_shape + self.f.shape))
+
+
+class StudentT(Likelihood):
+    """``y ~ StudentT(df, f, scale)``; ``scale`` learned (init 0.1), ``df`` fixed."""
+
+    def __init__(self, df: float = 4.0, scale: float = 0.1):
+        super().__init__()
+        if not df > 0 or not scale > 0:
+            raise ValueError(f"StudentT likelihood: df and scale must be positive, got {df}, {scale}")
+        self.df = float(df)
+        self.scale = PyroParam(torch.tensor(float(scale)), constraints.positive)
+
+    def conditional(self, f):
+        return dist.StudentT(self.df, f, self.scale)
+
+    def predictive_moments(self, loc, var):
+        if self.df <= 2:
+            return loc, torch.full_like(var, math.inf)
+        return loc, var + self.scale**2 * self.df / (self.df - 2)

@@ -1,0 +1,61 @@
+"""Scores of a predictive distribution against test targets (REFERENCE.md §5)."""
+
+from __future__ import annotations
+
+import torch
+from scipy.stats import rankdata
+
+from .prediction import MixturePredictive
+
+__all__ = ["nll", "rmse", "crps", "coverage", "accuracy", "auc", "regression_report"]
+
+
+def nll(pred: MixturePredictive, y: torch.Tensor) -> float:
+    """Mean negative mixture log-density (test log-likelihood is ``-nll``)."""
+    return float(-pred.log_prob(y).mean())
+
+
+def rmse(pred: MixturePredictive, y: torch.Tensor) -> float:
+    """Root mean squared error of the predictive mean."""
+    return float(((pred.mean - y) ** 2).mean().sqrt())
+
+
+def crps(pred: MixturePredictive, y: torch.Tensor) -> float:
+    """Mean closed-form CRPS."""
+    return float(pred.crps(y).mean())
+
+
+def coverage(pred: MixturePredictive, y: torch.Tensor, level: float = 0.95) -> float:
+    """Fraction of ``y`` inside the central ``level`` predictive interval."""
+    if not 0 < level < 1:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    lo, hi = pred.quantiles([(1 - level) / 2, (1 + level) / 2])
+    return float(((y >= lo) & (y <= hi)).double().mean())
+
+
+def accuracy(pred: MixturePredictive, y: torch.Tensor) -> float:
+    """Binary accuracy of ``p(y = 1) > 0.5`` against labels in {0, 1}."""
+    return float(((pred.mean > 0.5).to(y.dtype) == y).double().mean())
+
+
+def auc(pred: MixturePredictive, y: torch.Tensor) -> float:
+    """Area under the ROC curve of ``p(y = 1)`` (Mann-Whitney, ties counted half)."""
+    score = pred.mean.detach().cpu().numpy()
+    labels = y.detach().cpu().numpy() > 0.5
+    n_pos, n_neg = int(labels.sum()), int((~labels).sum())
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError("auc needs both classes among the labels")
+    ranks = rankdata(score)
+    return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def regression_report(pred: MixturePredictive, y: torch.Tensor) -> dict[str, float]:
+    """``{"nll", "rmse", "crps", "coverage95"}`` in the predictive's units."""
+    return {
+        "nll": nll(pred, y),
+        "rmse": rmse(pred, y),
+        "crps": crps(pred, y),
+        "coverage95": coverage(pred, y, 0.95),
+    }
+
+

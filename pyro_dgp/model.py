@@ -1,0 +1,193 @@
+"""``DeepGP``: a stack of :class:`~pyro_dgp.layer.GPLayer` with a likelihood (DSVI, seed 002)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pyro
+import torch
+from pyro.nn import PyroModule
+from scipy.cluster.vq import kmeans2
+
+from . import kernels as K
+from .layer import GPLayer, sample_hyperparameters
+from .likelihoods import BernoulliProbit, Gaussian, Likelihood, StudentT
+from .validation import check_inputs, check_positive_int, check_targets
+
+__all__ = ["DeepGP"]
+
+_counter = itertools.count()
+
+
+def unique_name(base: str) -> str:
+    """``base`` the first time, then ``base_1``, ``base_2``...
+
+    PyroModule parameters live in Pyro's global param store under their module's name, so two
+    models (or two guides) with the same name would silently share parameters there.
+    """
+    n = next(_counter)
+    return base if n == 0 else f"{base}_{n}"
+
+
+_KERNELS = {
+    "rbf": K.RBF,
+    "matern12": K.Matern12,
+    "matern32": K.Matern32,
+    "matern52": K.Matern52,
+}
+
+
+def _kmeans(X: torch.Tensor, M: int, seed: int) -> torch.Tensor:
+    """``(M, D)`` k-means centres of ``X`` (scipy's k-means++), on X's device and dtype."""
+    if M == X.shape[0]:
+        return X.clone()
+    Xn = X.detach().cpu().double().numpy()
+    centres, _ = kmeans2(Xn, M, minit="++", seed=np.random.default_rng(seed))
+    return torch.as_tensor(centres, dtype=X.dtype, device=X.device)
+
+
+def _linear_mean(X: torch.Tensor, d_out: int) -> torch.Tensor:
+    """DSVI's fixed inner-layer mean ``x W``: identity, PCA projection, or identity padded."""
+    d_in = X.shape[-1]
+    if d_in == d_out:
+        return torch.eye(d_in, dtype=X.dtype, device=X.device)
+    if d_in > d_out:
+        # top principal directions of the (centred) layer inputs
+        _, _, Vh = torch.linalg.svd(X - X.mean(0), full_matrices=False)
+        return Vh[:d_out].mT.contiguous()
+    return torch.cat([torch.eye(d_in, dtype=X.dtype, device=X.device),
+                      X.new_zeros(d_in, d_out - d_in)], dim=1)
+
+
+class DeepGP(PyroModule):
+    """``y ~ likelihood(f^L)``, ``f^l = GP_l(f^{l-1})``, ``f^0 = X``.
+
+    ``forward(X, y=None)`` is the Pyro model: ``X`` is ``(B, D)`` (a minibatch or all the data),
+    ``y`` is ``(B,)``. ``num_data`` (N) scales a minibatch's likelihood by ``N / B``.
+
+    :param layers: the GP layers, first to last; each layer's output_dim is the next one's
+        input_dim, the last has output_dim 1.
+    :param likelihood: a :class:`~pyro_dgp.likelihoods.Likelihood`.
+    :param num_data: N, the size of the full training set (``None``: each call's B).
+    """
+
+    def __init__(self, layers, likelihood: Likelihood, num_data: int | None = None, name=None):
+        super().__init__(name=name if name is not None else unique_name("DeepGP"))
+        layers = list(layers)
+        if not layers:
+            raise ValueError("DeepGP needs at least one layer")
+        for a, b in zip(layers[:-1], layers[1:], strict=False):
+            if a.output_dim != b.input_dim:
+                raise ValueError(
+                    f"layer '{a.name}' outputs {a.output_dim} dims but the next layer expects "
+                    f"{b.input_dim}"
+                )
+        for i, layer in enumerate(layers):
+            if layer._site_prefix is None:
+                layer._site_prefix = f"layer{i + 1}"
+        names = [layer.name for layer in layers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"layer names must be unique, got {names}")
+        self.layers = PyroModule[torch.nn.ModuleList](layers)
+        self.likelihood = likelihood
+        self.num_data = num_data
+
+    @property
+    def input_dim(self) -> int:
+        return self.layers[0].input_dim
+
+    def forward(self, X: torch.Tensor, y: torch.Tensor | None = None):
+        check_inputs(X, self.input_dim)
+        B = X.shape[-2]
+        N = self.num_data if self.num_data is not None and self.num_data >= B else B
+        plate = pyro.plate("data", N, subsample=torch.arange(B, device=X.device), dim=-1)
+        h = X
+        for layer in self.layers:
+            h = layer(h, plate=plate)
+        sample_hyperparameters(self.likelihood)
+        with plate:
+            return self.likelihood(h, y)
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def regression(
+        cls,
+        X: torch.Tensor,
+        y: torch.Tensor,
+        num_layers: int = 2,
+        hidden_dim: int | None = None,
+        num_inducing: int = 100,
+        kernel: str = "rbf",
+        likelihood: str | Likelihood = "gaussian",
+        whiten: bool = True,
+        noise_variance: float = 0.01,
+        inner_noise: float = 1e-5,
+        kernel_variance: float = 2.0,
+        lengthscale: float = 2.0,
+        jitter: float | None = None,
+        seed: int = 0,
+        name: str | None = None,
+    ) -> DeepGP:
+        """A DSVI deep GP initialised as in REFERENCE.md §1.
+
+        k-means inducing inputs, propagated through the fixed linear (identity/PCA) means of
+        the inner layers; ARD kernels with variance and lengthscales ``2``; between-layer noise
+        ``inner_noise`` (a White kernel) on inner layers; zero mean on the last layer.
+        Everything is created on ``X``'s device and dtype.
+
+        :param X: ``(N, D)`` training inputs; :param y: ``(N,)`` training targets.
+        :param hidden_dim: width of inner layers, default ``min(30, D)``.
+        :param likelihood: ``"gaussian"``, ``"studentt"``, ``"probit"`` or an instance.
+        """
+        check_inputs(X)
+        if X.dim() != 2:
+            raise ValueError(f"X must be 2-D (N, D), got shape {tuple(X.shape)}")
+        N, D = X.shape
+        binary = likelihood == "probit" or isinstance(likelihood, BernoulliProbit)
+        check_targets(y, N, binary=binary)
+        if y.dim() != 1:
+            raise ValueError(f"y must be 1-D of shape (N,), got shape {tuple(y.shape)}")
+        num_layers = check_positive_int(num_layers, "num_layers")
+        M = check_positive_int(num_inducing, "num_inducing", upper=N)
+        hidden = check_positive_int(hidden_dim if hidden_dim is not None else min(30, D),
+                                    "hidden_dim")
+        if kernel not in _KERNELS:
+            raise ValueError(f"kernel must be one of {sorted(_KERNELS)}, got {kernel!r}")
+        if isinstance(likelihood, str):
+            makers = {
+                "gaussian": lambda: Gaussian(noise_variance),
+                "studentt": lambda: StudentT(scale=noise_variance**0.5),
+                "probit": BernoulliProbit,
+            }
+            if likelihood not in makers:
+                raise ValueError(f"likelihood must be one of {sorted(makers)}, got {likelihood!r}")
+            likelihood = makers[likelihood]()
+
+        dims = [D] + [hidden] * (num_layers - 1) + [1]
+        Z = _kmeans(X, M, seed)
+        H = X.detach()
+        layers = []
+        for i, (d_in, d_out) in enumerate(itertools.pairwise(dims)):
+            last = i == num_layers - 1
+            base = _KERNELS[kernel](d_in, variance=kernel_variance, lengthscale=lengthscale)
+            kern = base if last else K.Sum(base, K.White(d_in, variance=inner_noise))
+            mean = "zero" if last else _linear_mean(H, d_out)
+            layers.append(
+                GPLayer(d_in, d_out, inducing_points=Z, kernel=kern, mean=mean, whiten=whiten,
+                        jitter=jitter, name=f"layer{i + 1}")
+            )
+            if not last:
+                Z, H = Z @ mean, H @ mean
+        model = cls(layers, likelihood, num_data=N, name=name)
+        return model.to(device=X.device, dtype=X.dtype)
+
+    @classmethod
+    def classification(cls, X: torch.Tensor, y: torch.Tensor, **kwargs) -> DeepGP:
+        """A deep GP with a Bernoulli-probit likelihood; ``y`` holds labels 0/1.
+
+        Takes the keyword arguments of :meth:`regression` except ``likelihood``.
+        """
+        if "likelihood" in kwargs:
+            raise TypeError("classification() sets the likelihood itself (Bernoulli-probit)")
+        return cls.regression(X, y, likelihood="probit", **kwargs)

@@ -1,0 +1,172 @@
+"""Predictive distributions: a uniform mixture over S guide draws (REFERENCE.md §5)."""
+
+from __future__ import annotations
+
+import math
+
+import pyro
+import torch
+from pyro import poutine
+from torch.special import ndtr
+
+from .layer import marginal_of, site_role
+from .likelihoods import Gaussian, Likelihood
+from .validation import check_inputs, check_positive_int
+
+__all__ = ["MixturePredictive", "predict", "gaussian_mixture_crps"]
+
+
+def _crps_A(mu: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+    # A(mu, s^2) = 2 s phi(mu / s) + mu (2 Phi(mu / s) - 1)   (Grimit et al. 2006)
+    s = var.sqrt()
+    z = mu / s
+    phi = torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+    return 2 * s * phi + mu * (2 * ndtr(z) - 1)
+
+
+def gaussian_mixture_crps(y, means, variances, chunk: int = 256) -> torch.Tensor:
+    """CRPS of the uniform mixture ``(1/S) sum_s N(means_s, variances_s)`` at ``y``.
+
+    :param y: ``(N,)``; :param means, variances: ``(S, N)``. :returns: ``(N,)``.
+    """
+    S = means.shape[0]
+    first = _crps_A(y - means, variances).mean(0)
+    second = []
+    for lo in range(0, means.shape[1], chunk):
+        m, v = means[:, lo : lo + chunk], variances[:, lo : lo + chunk]
+        pair = _crps_A(m.unsqueeze(0) - m.unsqueeze(1), v.unsqueeze(0) + v.unsqueeze(1))
+        second.append(pair.sum((0, 1)) / S**2)
+    return first - 0.5 * torch.cat(second)
+
+
+class MixturePredictive:
+    """``p(y* | x*) = (1/S) sum_s int p(y* | f) N(f; loc_s, var_s) df`` per test point.
+
+    :param loc, var: ``(S, N)`` last-layer marginals of the S guide draws (model units).
+    :param likelihood: the model's likelihood.
+    :param y_mean, y_std: affine map from model units to reporting units (``y = y_mean +
+        y_std * y_model``); densities are divided by ``y_std`` accordingly.
+    """
+
+    def __init__(self, loc, var, likelihood: Likelihood, y_mean=0.0, y_std=1.0):
+        if loc.shape != var.shape or loc.dim() != 2:
+            raise ValueError(f"loc and var must both be (S, N), got {loc.shape} and {var.shape}")
+        if not y_std > 0:
+            raise ValueError(f"y_std must be positive, got {y_std}")
+        self.loc, self.var, self.likelihood = loc, var, likelihood
+        self.y_mean, self.y_std = float(y_mean), float(y_std)
+
+    @property
+    def num_samples(self) -> int:
+        return self.loc.shape[0]
+
+    def rescale(self, y_mean: float, y_std: float) -> MixturePredictive:
+        """The same predictive reported in units ``y = y_mean + y_std * y_model``."""
+        return MixturePredictive(self.loc, self.var, self.likelihood, y_mean, y_std)
+
+    def _component_moments(self):
+        with torch.no_grad():
+            mean, var = self.likelihood.predictive_moments(self.loc, self.var)
+        return self.y_mean + self.y_std * mean, self.y_std**2 * var
+
+    @property
+    def mean(self) -> torch.Tensor:
+        """``(N,)`` predictive mean."""
+        return self._component_moments()[0].mean(0)
+
+    @property
+    def variance(self) -> torch.Tensor:
+        """``(N,)`` predictive variance (law of total variance over the mixture)."""
+        m, v = self._component_moments()
+        return v.mean(0) + m.var(0, unbiased=False)
+
+    def log_prob(self, y: torch.Tensor) -> torch.Tensor:
+        """``(N,)`` mixture log-density ``logsumexp_s log p_s(y) - log S`` (not the mean of
+        per-sample log-densities)."""
+        y = torch.as_tensor(y, dtype=self.loc.dtype, device=self.loc.device)
+        z = (y - self.y_mean) / self.y_std
+        with torch.no_grad():
+            lp = self.likelihood.predictive_log_prob(z, self.loc, self.var)
+        return torch.logsumexp(lp, 0) - math.log(self.num_samples) - math.log(self.y_std)
+
+    def _require_gaussian(self, what: str) -> None:
+        if not isinstance(self.likelihood, Gaussian):
+            raise NotImplementedError(
+                f"{what} is implemented for Gaussian mixtures (Gaussian likelihood)"
+            )
+
+    def crps(self, y: torch.Tensor) -> torch.Tensor:
+        """``(N,)`` closed-form CRPS of the Gaussian mixture."""
+        self._require_gaussian("crps")
+        m, v = self._component_moments()
+        return gaussian_mixture_crps(torch.as_tensor(y, dtype=m.dtype, device=m.device), m, v)
+
+    def cdf(self, y: torch.Tensor) -> torch.Tensor:
+        """``(..., N)`` mixture CDF at ``y`` (broadcast against ``(N,)``)."""
+        self._require_gaussian("cdf")
+        m, v = self._component_moments()
+        return ndtr((y.unsqueeze(-2) - m) / v.sqrt()).mean(-2)
+
+    def quantiles(self, q, iters: int = 60) -> torch.Tensor:
+        """``(Q, N)`` quantiles for probabilities ``q`` (bisection on the mixture CDF)."""
+        self._require_gaussian("quantiles")
+        q = torch.as_tensor(q, dtype=self.loc.dtype, device=self.loc.device).reshape(-1, 1)
+        if not bool(((q > 0) & (q < 1)).all()):
+            raise ValueError("quantile probabilities must lie in (0, 1)")
+        m, v = self._component_moments()
+        sd = v.sqrt()
+        lo = (m - 12 * sd).min(0).values.expand(q.shape[0], -1).clone()
+        hi = (m + 12 * sd).max(0).values.expand(q.shape[0], -1).clone()
+        for _ in range(iters):
+            mid = 0.5 * (lo + hi)
+            below = self.cdf(mid) < q
+            lo = torch.where(below, mid, lo)
+            hi = torch.where(below, hi, mid)
+        return 0.5 * (lo + hi)
+
+
+def _last_marginal(trace, site_name: str | None):
+    names = [n for n, s in trace.nodes.items() if s["type"] == "sample" and site_role(s) == "f"]
+    if not names:
+        raise ValueError("the guide produced no '<layer>.f' site")
+    name = site_name or names[-1]
+    marginal = marginal_of(trace.nodes[name]["value"])
+    if marginal is None:
+        raise ValueError(f"the guide did not attach the Gaussian marginal of '{name}'")
+    return marginal
+
+
+def predict(
+    model,
+    guide,
+    X: torch.Tensor,
+    num_samples: int = 100,
+    batch_size: int = 1024,
+    y_mean: float = 0.0,
+    y_std: float = 1.0,
+) -> MixturePredictive:
+    """Predictive mixture at ``X`` from ``num_samples`` guide draws.
+
+    :param model: a :class:`~pyro_dgp.DeepGP` (anything with ``.likelihood`` and layers).
+    :param guide: any guide of the library (or a completed autoguide).
+    :param X: ``(N, D)`` test inputs.
+    :param batch_size: test points per pass (memory grows with S x batch x M).
+    :param y_mean, y_std: report in units ``y_mean + y_std * y_model``.
+    :returns: :class:`MixturePredictive` with ``.mean``, ``.variance``, ``.log_prob(y)``...
+    """
+    check_inputs(X)
+    S = check_positive_int(num_samples, "num_samples")
+    batch_size = check_positive_int(batch_size, "batch_size")
+    likelihood = getattr(model, "likelihood", None)
+    if likelihood is None:
+        raise ValueError("predict() needs a model with a .likelihood (e.g. pyro_dgp.DeepGP)")
+    last = model.layers[-1].name + ".f" if hasattr(model, "layers") else None
+    locs, vars_ = [], []
+    with torch.no_grad():
+        for chunk in X.split(batch_size, dim=-2):
+            with pyro.plate("_predictive_samples", S, dim=-2):
+                trace = poutine.trace(guide).get_trace(chunk)
+            loc, var = _last_marginal(trace, last)
+            locs.append(loc.squeeze(-1).expand(S, chunk.shape[-2]))
+            vars_.append(var.squeeze(-1).expand(S, chunk.shape[-2]))
+    return MixturePredictive(torch.cat(locs, -1), torch.cat(vars_, -1), likelihood, y_mean, y_std)

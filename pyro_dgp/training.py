@@ -1,0 +1,230 @@
+"""``fit``: stochastic variational inference with minibatches, progress, checkpoints, resume."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyro
+import torch
+from pyro.infer import ELBO, RenyiELBO, Trace_ELBO, TraceMeanField_ELBO
+from tqdm.auto import tqdm
+
+from .validation import check_inputs, check_positive_int, check_targets
+
+__all__ = ["FitResult", "TrainingDivergedError", "fit", "make_objective"]
+
+
+class TrainingDivergedError(FloatingPointError):
+    """The loss became NaN or inf; the parameters were restored to the last good step."""
+
+
+@dataclass
+class FitResult:
+    """``losses[k]`` is the negative ELBO estimate (objective) at step k (full-data scale)."""
+
+    losses: list[float] = field(default_factory=list)
+    num_steps: int = 0
+    seconds: float = 0.0
+    resumed_from: int | None = None
+
+    @property
+    def final_elbo(self) -> float:
+        """Mean of the last 10% of the ELBO estimates (at least one)."""
+        tail = self.losses[-max(1, len(self.losses) // 10) :]
+        return -sum(tail) / len(tail)
+
+
+_OBJECTIVES = {
+    "elbo": lambda p, v: Trace_ELBO(num_particles=p, vectorize_particles=v, max_plate_nesting=1),
+    "meanfield": lambda p, v: TraceMeanField_ELBO(
+        num_particles=p, vectorize_particles=v, max_plate_nesting=1
+    ),
+    "renyi": lambda p, v: RenyiELBO(alpha=0.5, num_particles=max(p, 2),
+                                    vectorize_particles=v, max_plate_nesting=1),
+}
+
+
+def make_objective(objective, guide, num_particles: int = 1) -> ELBO:
+    """An ELBO instance from a name (``"auto"``, ``"elbo"``, ``"meanfield"``, ``"renyi"``) or
+    an instance (returned as is). ``"auto"`` is TraceMeanField_ELBO (analytic KL) for guides
+    that factorise like the prior, else Trace_ELBO."""
+    if isinstance(objective, ELBO):
+        return objective
+    num_particles = check_positive_int(num_particles, "num_particles")
+    if objective == "auto":
+        objective = "meanfield" if getattr(guide, "mean_field", False) else "elbo"
+    if objective not in _OBJECTIVES:
+        raise ValueError(
+            f"objective must be a pyro ELBO or one of {['auto', *_OBJECTIVES]}, got {objective!r}"
+        )
+    return _OBJECTIVES[objective](num_particles, num_particles > 1)
+
+
+def _parameters(*modules) -> list[torch.nn.Parameter]:
+    seen, out = set(), []
+    for m in modules:
+        for p in m.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+    return out
+
+
+def _rng_state(generator: torch.Generator) -> dict:
+    return {"pyro": pyro.util.get_rng_state(), "batches": generator.get_state()}
+
+
+def _set_rng_state(state: dict, generator: torch.Generator) -> None:
+    pyro.util.set_rng_state(state["pyro"])
+    generator.set_state(state["batches"])
+
+
+def _save(path: Path, payload: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)  # atomic: an interrupted save never leaves a half-written checkpoint
+
+
+def fit(
+    model,
+    guide,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    num_steps: int = 1000,
+    batch_size: int | None = None,
+    lr: float = 0.01,
+    objective="auto",
+    num_particles: int = 1,
+    seed: int | None = 0,
+    progress: bool = True,
+    checkpoint: str | os.PathLike | None = None,
+    checkpoint_every: int = 500,
+    resume: bool = False,
+    optimizer: type[torch.optim.Optimizer] = torch.optim.Adam,
+) -> FitResult:
+    """Train ``guide`` (and the model's hyperparameters) by SVI.
+
+    :param X: ``(N, D)`` inputs; :param y: ``(N,)`` targets, on the model's device and dtype.
+    :param batch_size: minibatch size B (``None``: full batch); the likelihood is scaled by
+        ``N / B`` through the model's ``num_data``.
+    :param objective: a Pyro ELBO instance or a name, see :func:`make_objective`.
+    :param seed: seeds Pyro/torch/numpy and the minibatch stream (``None``: leave as is).
+    :param checkpoint: file written every ``checkpoint_every`` steps, at the end, on
+        divergence and on KeyboardInterrupt; ``resume=True`` continues from it exactly
+        (parameters, optimizer moments, random streams, loss history).
+    :raises TrainingDivergedError: on a NaN/inf loss, after restoring the last good parameters.
+    """
+    check_inputs(X)
+    N = X.shape[-2]
+    check_targets(y, N)
+    num_steps = check_positive_int(num_steps, "num_steps")
+    if batch_size is not None:
+        batch_size = check_positive_int(batch_size, "batch_size")
+    if not lr > 0:
+        raise ValueError(f"lr must be positive, got {lr}")
+    checkpoint_every = check_positive_int(checkpoint_every, "checkpoint_every")
+    B = N if batch_size is None else min(batch_size, N)
+    if B < N:
+        if not hasattr(model, "num_data"):
+            raise ValueError(
+                "minibatching needs a model with a num_data attribute that scales its "
+                "likelihood (pyro.plate subsampling); pass batch_size=None for full batches"
+            )
+    if hasattr(model, "num_data"):
+        model.num_data = N
+    params = list(model.parameters())
+    if params and (params[0].dtype != X.dtype or params[0].device != X.device):
+        raise ValueError(
+            f"X is {X.dtype} on {X.device} but the model is {params[0].dtype} on "
+            f"{params[0].device}; build the model from the same data or call model.to(...)"
+        )
+
+    if seed is not None:
+        pyro.set_rng_seed(seed)
+    generator = torch.Generator().manual_seed(0 if seed is None else seed)
+    elbo = make_objective(objective, guide, num_particles)
+    with torch.no_grad():
+        guide(X[:B], y[:B])  # creates lazily-built variational parameters
+    params = _parameters(model, guide)
+    opt = optimizer(params, lr=lr)
+
+    result = FitResult(num_steps=num_steps)
+    start = 0
+    path = Path(checkpoint) if checkpoint is not None else None
+    if resume:
+        if path is None:
+            raise ValueError("resume=True needs a checkpoint path")
+        if path.exists():
+            state = torch.load(path, map_location=X.device, weights_only=False)
+            model.load_state_dict(state["model"])
+            guide.load_state_dict(state["guide"])
+            opt.load_state_dict(state["optimizer"])
+            _set_rng_state(state["rng"], generator)
+            result.losses = list(state["losses"])
+            start = result.resumed_from = int(state["step"])
+
+    def save(step: int) -> None:
+        if path is not None:
+            _save(path, {
+                "step": step,
+                "model": model.state_dict(),
+                "guide": guide.state_dict(),
+                "optimizer": opt.state_dict(),
+                "rng": _rng_state(generator),
+                "losses": result.losses,
+            })
+
+    differentiable = hasattr(elbo, "differentiable_loss")
+    t0 = time.perf_counter()
+    last_good = [p.detach().clone() for p in params]
+    bar = tqdm(total=num_steps, initial=start, disable=not progress, desc="SVI", leave=False)
+    step = start
+    try:
+        for step in range(start, num_steps):
+            if B < N:
+                idx = torch.randperm(N, generator=generator)[:B].to(X.device)
+                args = (X[idx], y[idx])
+            else:
+                args = (X, y)
+            opt.zero_grad()
+            if differentiable:
+                loss_t = elbo.differentiable_loss(model, guide, *args)
+                loss_t.backward()
+                loss = float(loss_t.detach())
+            else:
+                loss = float(elbo.loss_and_grads(model, guide, *args))
+            if not math.isfinite(loss):
+                with torch.no_grad():
+                    for p, good in zip(params, last_good, strict=True):
+                        p.copy_(good)
+                save(step)
+                raise TrainingDivergedError(
+                    f"the loss became {loss} at step {step}; the parameters were restored to "
+                    f"their last values with a finite loss. Try a smaller lr (now {lr}), float64 "
+                    "data, or more jitter."
+                )
+            with torch.no_grad():
+                for p, good in zip(params, last_good, strict=True):
+                    good.copy_(p)
+            opt.step()
+            result.losses.append(loss)
+            if progress:
+                bar.update(1)
+                if step % 10 == 0:
+                    recent = result.losses[-50:]
+                    bar.set_postfix(elbo=f"{-sum(recent) / len(recent) / N:.4f}/pt")
+            if path is not None and (step + 1) % checkpoint_every == 0:
+                save(step + 1)
+        step = num_steps
+    except KeyboardInterrupt:
+        save(len(result.losses))
+        raise
+    finally:
+        bar.close()
+    save(step)
+    result.seconds = time.perf_counter() - t0
+    return result

@@ -1,0 +1,20 @@
+import pyro
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _fresh_pyro():
+    """Each test starts from a clear param store, validation on, and a fixed seed."""
+    pyro.clear_param_store()
+    pyro.enable_validation(True)
+    pyro.set_rng_seed(0)
+    yield
+    pyro.clear_param_store()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "cuda" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(skip)

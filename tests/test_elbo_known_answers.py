@@ -1,0 +1,149 @@
+"""Known answers for the ELBO estimators: closed-form SVGP ELBO, exact GP marginal likelihood,
+and the collapsed vs sampled-u estimators on a two-layer model."""
+
+import math
+
+import pyro
+import pytest
+import torch
+from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
+from torch.distributions import MultivariateNormal, Normal, kl_divergence
+
+import pyro_dgp as dgp
+from pyro_dgp.kernels import RBF
+from pyro_dgp.likelihoods import Gaussian
+
+DT = torch.float64
+
+
+def _single_layer(N=30, M=8, whiten=True, jitter=1e-12, Z=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.linspace(-2.5, 2.5, N, dtype=DT).unsqueeze(-1)
+    y = torch.sin(2 * X.squeeze(-1)) + 0.1 * torch.randn(N, generator=g, dtype=DT)
+    if Z is None:
+        Z = torch.linspace(-2.2, 2.2, M, dtype=DT).unsqueeze(-1)
+    kernel = RBF(1, variance=1.3, lengthscale=0.8)
+    layer = dgp.GPLayer(1, 1, inducing_points=Z, kernel=kernel, whiten=whiten, jitter=jitter)
+    model = dgp.DeepGP([layer], Gaussian(variance=0.05)).to(DT)
+    return model, X, y
+
+
+def _random_q(guide, X, y, seed=1, scale=0.3):
+    """Give every layer of ``guide`` a random q(u); returns {site: (loc, tril)}."""
+    guide(X, y)  # set up
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for site in guide.layer_sites:
+        D, M = site.shape
+        loc = torch.randn(D, M, generator=g, dtype=DT)
+        tril = torch.randn(D, M, M, generator=g, dtype=DT).tril(-1) * scale
+        tril = tril + torch.diag_embed(0.2 + torch.rand(D, M, generator=g, dtype=DT))
+        guide.set_q(site.name, loc, tril)
+        out[site.name] = (loc, tril)
+    return out
+
+
+def _dense_svgp_elbo(model, X, y, loc, tril):
+    """Closed-form single-layer SVGP ELBO computed with dense algebra, independently of the
+    library's conditional: sum_i E_q(f_i) log N(y_i | f_i, s2) - KL(q(u) || p(u))."""
+    layer = model.layers[0]
+    with torch.no_grad():
+        Z = layer.inducing_points
+        Kzz = layer.kernel(Z)
+        Kzx = layer.kernel(Z, X)
+        kxx = layer.kernel(X, diag=True)
+        s2 = model.likelihood.variance
+        m, S = loc[0], tril[0] @ tril[0].mT
+        if layer.whiten:  # u = L v
+            L = torch.linalg.cholesky(Kzz)
+            m, S = L @ m, L @ S @ L.mT
+        Kinv_Kzx = torch.linalg.solve(Kzz, Kzx)
+        mean = Kinv_Kzx.mT @ m
+        var = kxx - (Kzx * Kinv_Kzx).sum(0) + (Kinv_Kzx * (S @ Kinv_Kzx)).sum(0)
+        ell = (Normal(mean, s2.sqrt()).log_prob(y) - 0.5 * var / s2).sum()
+        kl = kl_divergence(MultivariateNormal(m, S), MultivariateNormal(torch.zeros_like(m), Kzz))
+    return float(ell - kl)
+
+
+def _estimates(elbo, model, guide, X, y, n):
+    with torch.no_grad():
+        return torch.tensor([-elbo.loss(model, guide, X, y) for _ in range(n)], dtype=DT)
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+def test_collapsed_meanfield_elbo_is_the_closed_form(whiten):
+    model, X, y = _single_layer(whiten=whiten)
+    guide = dgp.guides.MeanField(model, collapsed=True)
+    q = _random_q(guide, X, y)
+    exact = _dense_svgp_elbo(model, X, y, *q["layer1.u"])
+    # analytic KL + analytic last layer + collapsed u: the estimate is deterministic
+    est = -TraceMeanField_ELBO().loss(model, guide, X, y)
+    assert est == pytest.approx(exact, rel=1e-8)
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+@pytest.mark.parametrize(
+    "collapsed, objective", [(True, "trace"), (False, "trace"), (False, "meanfield")]
+)
+def test_svgp_elbo_monte_carlo_mean_matches_closed_form(whiten, collapsed, objective):
+    model, X, y = _single_layer(whiten=whiten)
+    guide = dgp.guides.MeanField(model, collapsed=collapsed)
+    q = _random_q(guide, X, y)
+    exact = _dense_svgp_elbo(model, X, y, *q["layer1.u"])
+    elbo = Trace_ELBO() if objective == "trace" else TraceMeanField_ELBO()
+    est = _estimates(elbo, model, guide, X, y, 600)
+    se = float(est.std() / math.sqrt(len(est)))
+    assert se > 0
+    assert abs(float(est.mean()) - exact) < 3 * se, (float(est.mean()), exact, se)
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+def test_optimal_q_at_the_data_gives_the_exact_marginal_likelihood(whiten):
+    N = 15
+    X = torch.linspace(-3, 3, N, dtype=DT).unsqueeze(-1)
+    model, _, y = _single_layer(N=N, Z=X.clone(), whiten=whiten, jitter=1e-12)
+    X = X.clone()
+    guide = dgp.guides.MeanField(model)
+    guide(X, y)
+    layer = model.layers[0]
+    with torch.no_grad():
+        K = layer.kernel(X)
+        s2 = model.likelihood.variance
+        # Titsias' optimal q(u) for Z = X: Sigma = (K + K K / s2)^-1, m = K Sigma K y / s2
+        Sigma = torch.linalg.inv(K + K @ K / s2)
+        m = K @ Sigma @ K @ y / s2
+        S = K @ Sigma @ K
+        S = 0.5 * (S + S.mT)
+        if whiten:
+            L = layer.kzz_cholesky()
+            m = torch.linalg.solve_triangular(L, m.unsqueeze(-1), upper=False).squeeze(-1)
+            Linv = torch.linalg.solve_triangular(L, torch.eye(N, dtype=DT), upper=False)
+            S = Linv @ S @ Linv.mT
+        guide.set_q("layer1.u", m.unsqueeze(0), torch.linalg.cholesky(S).unsqueeze(0))
+        exact = float(MultivariateNormal(torch.zeros(N, dtype=DT), K + s2 * torch.eye(N, dtype=DT))
+                      .log_prob(y))
+    elbo = -TraceMeanField_ELBO().loss(model, guide, X, y)
+    assert abs(elbo - exact) / abs(exact) < 1e-6, (elbo, exact)
+
+
+def test_collapsed_and_sampled_estimators_agree_and_collapsed_has_lower_variance():
+    torch.manual_seed(0)
+    N = 40
+    X = torch.linspace(-2, 2, N, dtype=DT).unsqueeze(-1)
+    y = torch.sign(X.squeeze(-1)) + 0.05 * torch.randn(N, dtype=DT)
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=10, hidden_dim=2)
+    collapsed = dgp.guides.MeanField(model, collapsed=True)
+    sampled = dgp.guides.MeanField(model, collapsed=False)
+    params = _random_q(collapsed, X, y, seed=3, scale=0.1)
+    sampled(X, y)
+    for name, (loc, tril) in params.items():
+        sampled.set_q(name, loc, tril)
+    elbo = TraceMeanField_ELBO()
+    pyro.set_rng_seed(1)
+    a = _estimates(elbo, model, collapsed, X, y, 1000)
+    b = _estimates(elbo, model, sampled, X, y, 1000)
+    se = math.sqrt(float(a.var() / len(a) + b.var() / len(b)))
+    assert abs(float(a.mean() - b.mean())) < 3 * se, (float(a.mean()), float(b.mean()), se)
+    ratio = float(a.var() / b.var())
+    print(f"variance ratio collapsed/sampled-u = {ratio:.3f}")
+    assert ratio < 1

@@ -1,0 +1,180 @@
+"""Guides on one model: the site contract, completed autoguides, objectives, hand-written models."""
+
+import math
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro import poutine
+from pyro.infer import SVI, RenyiELBO, Trace_ELBO, TraceMeanField_ELBO
+from pyro.infer.autoguide import (
+    AutoIAFNormal,
+    AutoLowRankMultivariateNormal,
+    AutoMultivariateNormal,
+    AutoNormal,
+)
+from pyro.nn import PyroModule, PyroSample
+
+import pyro_dgp as dgp
+
+DT = torch.float64
+
+
+@pytest.fixture
+def step_data():
+    d = dgp.datasets.step(n_train=60, n_test=100, seed=1)
+    return d.X_train, d.y_train, d.X_test, d.y_test
+
+
+def _mc_elbo(model, guide, X, y, n=200):
+    with torch.no_grad():
+        return -sum(Trace_ELBO().loss(model, guide, X, y) for _ in range(n)) / n
+
+
+def test_model_computes_no_conditional_when_the_guide_supplies_f(step_data, monkeypatch):
+    X, y, _, _ = step_data
+    model = dgp.DeepGP.regression(X, y, num_layers=3, num_inducing=10)
+    guide = dgp.guides.MeanField(model, collapsed=False)
+    guide(X, y)
+    calls = []
+    original = dgp.GPLayer.conditional
+
+    def counting(self, *args, **kwargs):
+        calls.append(self.name)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(dgp.GPLayer, "conditional", counting)
+    guide_trace = poutine.trace(guide).get_trace(X, y)
+    assert calls == ["layer1", "layer2", "layer3"]  # the guide does the work, once per layer
+    calls.clear()
+    model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(X, y)
+    assert calls == []  # ... and the model none
+    model_trace.compute_log_prob()
+    for name in ("layer1.f", "layer2.f", "layer3.f"):
+        assert model_trace.nodes[name]["fn"]._mask is False
+        assert float(model_trace.nodes[name]["log_prob_sum"]) == 0.0
+        assert guide_trace.nodes[name]["value"] is model_trace.nodes[name]["value"]
+
+
+def test_model_alone_samples_the_prior_through_its_own_conditional(step_data):
+    X, y, _, _ = step_data
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=10)
+    trace = poutine.trace(model).get_trace(X)
+    assert trace.nodes["layer1.f"]["value"].shape == (60, 1)
+    assert trace.nodes["layer2.f"]["value"].shape == (60, 1)
+    assert trace.nodes["y"]["value"].shape == (60,)
+
+
+@pytest.mark.parametrize(
+    "autoguide", [AutoNormal, AutoMultivariateNormal, AutoLowRankMultivariateNormal, AutoIAFNormal]
+)
+def test_completed_autoguides_train(step_data, autoguide):
+    X, y, X_test, y_test = step_data
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=10)
+    guide = dgp.complete(autoguide(dgp.inducing_only(model)), model)
+    before = _mc_elbo(model, guide, X, y, n=20)
+    dgp.fit(model, guide, X, y, num_steps=200, lr=0.01, progress=False)
+    after = _mc_elbo(model, guide, X, y, n=20)
+    assert after > before + 100
+    pred = dgp.predict(model, guide, X_test, num_samples=20)
+    assert torch.isfinite(pred.log_prob(y_test)).all()
+
+
+def test_completed_autoguide_reaches_an_elbo_comparable_to_mean_field(step_data):
+    X, y, _, _ = step_data
+    results = {}
+    for label in ("meanfield", "auto_mvn"):
+        pyro.set_rng_seed(0)
+        model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=10)
+        if label == "meanfield":
+            guide = dgp.guides.MeanField(model)
+        else:
+            guide = dgp.complete(AutoMultivariateNormal(dgp.inducing_only(model)), model)
+        dgp.fit(model, guide, X, y, num_steps=500, lr=0.02, progress=False)
+        results[label] = _mc_elbo(model, guide, X, y) / len(y)
+    print("ELBO per point:", results)
+    # a joint Gaussian contains the mean-field family: it should do at least about as well
+    assert results["auto_mvn"] > results["meanfield"] - 0.25
+
+
+def test_meanfield_refuses_uncovered_global_latents_and_complete_covers_them(step_data):
+    X, y, _, _ = step_data
+    model = dgp.DeepGP.regression(X, y, num_layers=1, num_inducing=8)
+    kern = model.layers[0].kernel
+    kern.lengthscale = PyroSample(dist.LogNormal(torch.zeros(1, dtype=DT), 1.0).to_event(1))
+    with pytest.raises(ValueError, match="global latent sites"):
+        dgp.guides.MeanField(model)(X, y)
+    guide = dgp.complete(AutoNormal(dgp.inducing_only(model)), model)
+    result = dgp.fit(model, guide, X, y, num_steps=50, lr=0.01, progress=False)
+    assert all(math.isfinite(v) for v in result.losses)
+    trace = poutine.trace(guide).get_trace(X, y)
+    assert any("lengthscale" in name for name in trace.nodes)
+
+
+def test_complete_rejects_a_guide_missing_inducing_sites(step_data):
+    X, y, _, _ = step_data
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=8)
+
+    def partial_guide(X, y=None):
+        pyro.sample("layer1.u", dist.Normal(torch.zeros(1, 8, dtype=DT), 1.0).to_event(2))
+
+    with pytest.raises(ValueError, match="layer2.u"):
+        dgp.complete(partial_guide, model)(X, y)
+
+
+@pytest.mark.parametrize("collapsed", [True, False])
+def test_renyi_and_vectorised_objectives_run(step_data, collapsed):
+    X, y, _, _ = step_data
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=8)
+    guide = dgp.guides.MeanField(model, collapsed=collapsed)
+    renyi = RenyiELBO(alpha=0.5, num_particles=4, vectorize_particles=True, max_plate_nesting=1)
+    r = dgp.fit(model, guide, X, y, num_steps=30, objective=renyi, progress=False)
+    assert all(math.isfinite(v) for v in r.losses)
+    r = dgp.fit(model, guide, X, y, num_steps=30, objective="elbo", num_particles=3,
+                progress=False)
+    assert r.losses[-1] < r.losses[0]
+
+
+def test_two_guides_of_one_model_keep_separate_parameters(step_data):
+    X, y, _, _ = step_data
+    model = dgp.DeepGP.regression(X, y, num_layers=1, num_inducing=8)
+    g1, g2 = dgp.guides.MeanField(model), dgp.guides.MeanField(model)
+    g1(X, y)
+    g2(X, y)
+    g1.set_q("layer1.u", torch.ones(1, 8, dtype=DT), torch.eye(8, dtype=DT).unsqueeze(0))
+    loc2, _ = g2.q_params(g2.layer_sites[0])
+    assert float(loc2.detach().abs().max()) == 0.0
+
+
+class HandWritten(PyroModule):
+    """The model of DESIGN.md: a warping GP layer feeding a periodic GP layer."""
+
+    def __init__(self):
+        super().__init__()
+        Z = torch.linspace(-1, 1, 12, dtype=DT).unsqueeze(-1)
+        self.warp = dgp.GPLayer(1, 1, inducing_points=Z, kernel=dgp.kernels.RBF(1),
+                                mean="identity")
+        self.g = dgp.GPLayer(1, 1, inducing_points=Z.clone(), kernel=dgp.kernels.Periodic(1))
+        self.to(DT)
+
+    def forward(self, x, y=None):
+        h = self.warp(x)
+        f = self.g(h)
+        with pyro.plate("data", x.shape[-2]):
+            return pyro.sample("y", dist.Normal(f.squeeze(-1), 0.1), obs=y)
+
+
+@pytest.mark.parametrize("Elbo", [Trace_ELBO, TraceMeanField_ELBO])
+def test_hand_written_model_with_plain_svi(Elbo):
+    x = torch.linspace(-1, 1, 40, dtype=DT).unsqueeze(-1)
+    y = torch.sin(6 * x.squeeze(-1) ** 3)
+    model = HandWritten()
+    guide = dgp.guides.MeanField(model)
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.02}), Elbo())
+    losses = [svi.step(x, y) for _ in range(150)]
+    assert all(math.isfinite(v) for v in losses)
+    assert sum(losses[-10:]) < sum(losses[:10])
+    trace = poutine.trace(guide).get_trace(x, y)
+    assert {"warp.u", "warp.f", "g.u", "g.f"} <= set(trace.nodes)
+    assert "y" not in trace.nodes  # observations stay in the model
