@@ -1,0 +1,179 @@
+"""Training works, is reproducible, resumes exactly, and guards against divergence."""
+
+import math
+
+import pyro
+import pytest
+import torch
+from pyro.infer import Trace_ELBO
+
+import pyro_dgp as dgp
+
+DT = torch.float64
+
+
+@pytest.fixture(scope="module")
+def step():
+    return dgp.datasets.step(n_train=100, n_test=200, seed=0)
+
+
+def _fit_and_score(data, num_layers, steps, **kwargs):
+    pyro.set_rng_seed(0)
+    model = dgp.DeepGP.regression(data.X_train, data.y_train, num_layers=num_layers,
+                                  num_inducing=20, **kwargs)
+    guide = dgp.guides.MeanField(model)
+    if steps:
+        dgp.fit(model, guide, data.X_train, data.y_train, num_steps=steps, lr=0.02,
+                progress=False)
+    pred = dgp.predict(model, guide, data.X_test, num_samples=100)
+    return dgp.metrics.nll(pred, data.y_test)
+
+
+def test_two_layers_beat_one_on_a_step_and_both_beat_a_bad_initialisation(step):
+    deep = _fit_and_score(step, 2, 600)
+    shallow = _fit_and_score(step, 1, 600)
+    bad = _fit_and_score(step, 2, 0, lengthscale=100.0, noise_variance=10.0)
+    print(f"test NLL: DGP2 {deep:.3f}  GP {shallow:.3f}  bad init {bad:.3f}")
+    assert deep < shallow - 0.1
+    assert shallow < bad - 0.5
+
+
+def _small(data, seed=0, **kwargs):
+    pyro.set_rng_seed(seed)
+    model = dgp.DeepGP.regression(data.X_train, data.y_train, num_layers=2, num_inducing=8,
+                                  **kwargs)
+    return model, dgp.guides.MeanField(model)
+
+
+def _state(model, guide):
+    return {**{"m." + k: v.clone() for k, v in model.state_dict().items()},
+            **{"g." + k: v.clone() for k, v in guide.state_dict().items()}}
+
+
+def test_same_seed_same_run(step):
+    runs = []
+    for _ in range(2):
+        model, guide = _small(step)
+        r = dgp.fit(model, guide, step.X_train, step.y_train, num_steps=15, batch_size=32,
+                    seed=3, progress=False)
+        runs.append(r.losses)
+    assert runs[0] == runs[1]
+
+
+def test_checkpoint_resume_is_exact(step, tmp_path):
+    X, y = step.X_train, step.y_train
+    model, guide = _small(step)
+    full = dgp.fit(model, guide, X, y, num_steps=20, batch_size=32, seed=5, progress=False)
+    reference = _state(model, guide)
+
+    ckpt = tmp_path / "fit.pt"
+    model, guide = _small(step)
+    dgp.fit(model, guide, X, y, num_steps=10, batch_size=32, seed=5, progress=False,
+            checkpoint=ckpt)
+    model, guide = _small(step)  # a fresh process would rebuild the objects
+    resumed = dgp.fit(model, guide, X, y, num_steps=20, batch_size=32, seed=5,
+                      progress=False, checkpoint=ckpt, resume=True)
+    assert resumed.resumed_from == 10
+    assert resumed.losses == full.losses
+    state = _state(model, guide)
+    assert state.keys() == reference.keys()
+    for k in state:
+        assert torch.equal(state[k], reference[k]), k
+
+
+class _FailingELBO(Trace_ELBO):
+    """Trace_ELBO whose loss turns NaN (or raises KeyboardInterrupt) at a given call."""
+
+    def __init__(self, at, exc=None):
+        super().__init__(max_plate_nesting=1)
+        self.at, self.calls, self.exc = at, 0, exc
+
+    def differentiable_loss(self, model, guide, *args, **kwargs):
+        self.calls += 1
+        loss = super().differentiable_loss(model, guide, *args, **kwargs)
+        if self.calls == self.at:
+            if self.exc is not None:
+                raise self.exc
+            return loss * math.nan
+        return loss
+
+
+@pytest.mark.filterwarnings("ignore:Encountered NaN")
+def test_nan_guard_stops_and_restores_the_last_good_state(step, tmp_path):
+    X, y = step.X_train, step.y_train
+    model, guide = _small(step)
+    # the loss turns NaN at step 4 (the ELBO's 5th call): the last parameters with a finite
+    # loss are those at the start of step 3, i.e. after 3 updates
+    with pytest.raises(dgp.TrainingDivergedError, match="at step 4"):
+        dgp.fit(model, guide, X, y, num_steps=10, seed=1, progress=False,
+                objective=_FailingELBO(at=5), checkpoint=tmp_path / "c.pt")
+    model_ref, guide_ref = _small(step)
+    dgp.fit(model_ref, guide_ref, X, y, num_steps=3, seed=1, progress=False,
+            objective=Trace_ELBO(max_plate_nesting=1))
+    good, state = _state(model_ref, guide_ref), _state(model, guide)
+    for k in good:
+        assert torch.equal(state[k], good[k]), k
+    saved = torch.load(tmp_path / "c.pt", weights_only=False)
+    assert saved["step"] == 4 and len(saved["losses"]) == 4
+
+
+def test_interrupt_saves_a_checkpoint_that_resumes(step, tmp_path):
+    X, y = step.X_train, step.y_train
+    ckpt = tmp_path / "int.pt"
+    model, guide = _small(step)
+    with pytest.raises(KeyboardInterrupt):
+        dgp.fit(model, guide, X, y, num_steps=10, seed=2, progress=False, checkpoint=ckpt,
+                objective=_FailingELBO(at=6, exc=KeyboardInterrupt()))
+    saved = torch.load(ckpt, weights_only=False)
+    assert saved["step"] == 5 and len(saved["losses"]) == 5
+    model, guide = _small(step)
+    r = dgp.fit(model, guide, X, y, num_steps=10, seed=2, progress=False, checkpoint=ckpt,
+                resume=True)
+    assert r.resumed_from == 5 and len(r.losses) == 10
+
+
+def test_float32_runs_in_float32(step):
+    data = step.to(dtype=torch.float32)
+    model, guide = _small(data)
+    r = dgp.fit(model, guide, data.X_train, data.y_train, num_steps=20, progress=False)
+    assert all(math.isfinite(v) for v in r.losses)
+    assert all(p.dtype == torch.float32 for p in list(model.parameters()) + list(guide.parameters()))
+    pred = dgp.predict(model, guide, data.X_test, num_samples=10)
+    assert pred.mean.dtype == torch.float32
+
+
+def test_minibatches_scale_the_likelihood(step):
+    X, y = step.X_train, step.y_train
+    model, guide = _small(step)
+    with torch.no_grad():
+        full = [Trace_ELBO().loss(model, guide, X, y) for _ in range(200)]
+        model.num_data = len(y)
+        half = [Trace_ELBO().loss(model, guide, X[:50], y[:50]) for _ in range(100)]
+        half += [Trace_ELBO().loss(model, guide, X[50:], y[50:]) for _ in range(100)]
+    # minibatch estimates are unbiased for the full-data loss (averaged over the two halves)
+    f, h = torch.tensor(full), torch.tensor(half)
+    se = math.sqrt(float(f.var() / len(f) + h.var() / len(h)))
+    assert abs(float(f.mean() - h.mean())) < 4 * se + 1e-9
+
+
+def test_classification_on_a_2d_toy():
+    data = dgp.datasets.classification_2d(n_train=150, n_test=200, seed=0)
+    pyro.set_rng_seed(0)
+    model = dgp.DeepGP.classification(data.X_train, data.y_train, num_layers=2,
+                                      num_inducing=20)
+    guide = dgp.guides.MeanField(model)
+    dgp.fit(model, guide, data.X_train, data.y_train, num_steps=400, lr=0.02, progress=False)
+    pred = dgp.predict(model, guide, data.X_test, num_samples=50)
+    acc, auc = dgp.metrics.accuracy(pred, data.y_test), dgp.metrics.auc(pred, data.y_test)
+    print(f"accuracy {acc:.3f} AUC {auc:.3f}")
+    assert acc > 0.85 and auc > 0.9
+    assert bool(((pred.mean >= 0) & (pred.mean <= 1)).all())
+
+
+def test_student_t_regression_trains(step):
+    model, guide = _small(step, likelihood="studentt")
+    r = dgp.fit(model, guide, step.X_train, step.y_train, num_steps=150, lr=0.02,
+                progress=False)
+    assert r.losses[-1] < r.losses[0]
+    pred = dgp.predict(model, guide, step.X_test, num_samples=20)
+    assert torch.isfinite(pred.log_prob(step.y_test)).all()
