@@ -7,7 +7,6 @@
 """
 
 from . import datasets, guides, kernels, likelihoods, metrics
-from .conditional import conditional
 from .guides import complete, inducing_only
 from .layer import GPLayer
 from .linalg import CholeskyError, NumericalWarning
@@ -26,7 +25,6 @@ __all__ = [
     "NumericalWarning",
     "TrainingDivergedError",
     "complete",
-    "conditional",
     "datasets",
     "fit",
     "guides",

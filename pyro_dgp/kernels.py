@@ -83,11 +83,21 @@ class Stationary(Kernel):
         shape = (self.input_dim,) if ard else ()
         self.lengthscale = PyroParam(_positive(lengthscale, shape), constraints.positive)
 
+    #: compute distances directly instead of by |a|^2 + |b|^2 - 2 a.b (see _scaled_sqdist)
+    exact_distance = False
+
     def _scaled_sqdist(self, X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:
         ls = self.lengthscale
         A = X1 / ls
         B = X2 / ls
-        # |a - b|^2 = |a|^2 + |b|^2 - 2 a.b: one matmul instead of an (N, M, D) difference tensor.
+        if self.exact_distance:
+            # The expansion's cancellation error (~eps |a|^2) reaches exp(-r) at first order
+            # through the square root; cdist without the matmul trick is exact near r = 0.
+            batch = torch.broadcast_shapes(A.shape[:-2], B.shape[:-2])
+            A, B = A.expand(batch + A.shape[-2:]), B.expand(batch + B.shape[-2:])
+            return torch.cdist(A, B, compute_mode="donot_use_mm_for_euclid_dist").square()
+        # |a - b|^2 = |a|^2 + |b|^2 - 2 a.b: one matmul, no (N, M, D) difference tensor; the
+        # cancellation error enters smooth kernels (RBF, Matern 3/2, 5/2) at second order only.
         d2 = (A * A).sum(-1, keepdim=True) + (B * B).sum(-1).unsqueeze(-2) - 2 * A @ B.mT
         return d2.clamp_min(0)
 
@@ -121,6 +131,8 @@ def _dist(r2: torch.Tensor) -> torch.Tensor:
 
 class Matern12(Stationary):
     """Exponential kernel: ``variance * exp(-r)``."""
+
+    exact_distance = True
 
     def profile(self, r2):
         return torch.exp(-_dist(r2))

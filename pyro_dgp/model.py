@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import numpy as np
@@ -36,6 +37,18 @@ _KERNELS = {
     "matern32": K.Matern32,
     "matern52": K.Matern52,
 }
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    """Build modules directly in the data's dtype (a float32 build cast to float64 would keep
+    float32 rounding in its initial values)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
 
 
 def _kmeans(X: torch.Tensor, M: int, seed: int) -> torch.Tensor:
@@ -154,16 +167,25 @@ class DeepGP(PyroModule):
                                     "hidden_dim")
         if kernel not in _KERNELS:
             raise ValueError(f"kernel must be one of {sorted(_KERNELS)}, got {kernel!r}")
-        if isinstance(likelihood, str):
-            makers = {
-                "gaussian": lambda: Gaussian(noise_variance),
-                "studentt": lambda: StudentT(scale=noise_variance**0.5),
-                "probit": BernoulliProbit,
-            }
-            if likelihood not in makers:
-                raise ValueError(f"likelihood must be one of {sorted(makers)}, got {likelihood!r}")
-            likelihood = makers[likelihood]()
+        makers = {
+            "gaussian": lambda: Gaussian(noise_variance),
+            "studentt": lambda: StudentT(scale=noise_variance**0.5),
+            "probit": BernoulliProbit,
+        }
+        if isinstance(likelihood, str) and likelihood not in makers:
+            raise ValueError(f"likelihood must be one of {sorted(makers)}, got {likelihood!r}")
+        with _default_dtype(X.dtype):
+            if isinstance(likelihood, str):
+                likelihood = makers[likelihood]()
+            model = cls._build_stack(X, likelihood, num_layers, hidden, M, kernel, whiten,
+                                     inner_noise, kernel_variance, lengthscale, jitter, seed,
+                                     name)
+        return model.to(device=X.device, dtype=X.dtype)
 
+    @classmethod
+    def _build_stack(cls, X, likelihood, num_layers, hidden, M, kernel, whiten, inner_noise,
+                     kernel_variance, lengthscale, jitter, seed, name) -> DeepGP:
+        N, D = X.shape
         dims = [D] + [hidden] * (num_layers - 1) + [1]
         Z = _kmeans(X, M, seed)
         H = X.detach()
@@ -179,8 +201,7 @@ class DeepGP(PyroModule):
             )
             if not last:
                 Z, H = Z @ mean, H @ mean
-        model = cls(layers, likelihood, num_data=N, name=name)
-        return model.to(device=X.device, dtype=X.dtype)
+        return cls(layers, likelihood, num_data=N, name=name)
 
     @classmethod
     def classification(cls, X: torch.Tensor, y: torch.Tensor, **kwargs) -> DeepGP:

@@ -2,7 +2,6 @@ import pyro
 import pytest
 import torch
 
-
 # The test problems are small: one thread avoids OpenMP spin-waiting on a 2-core CI machine
 # (measured here: 8 ms per 20x20 tril with 2 threads under load, 1.5 us with one).
 torch.set_num_threads(1)

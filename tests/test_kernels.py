@@ -261,13 +261,6 @@ def test_diag_equals_diagonal_of_full(name):
     torch.testing.assert_close(k(Xb, diag=True), k(Xb).diagonal(dim1=-2, dim2=-1), **tol)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Stationary._scaled_sqdist uses |a|^2 + |b|^2 - 2a.b; its cancellation error "
-    "(~eps |x/l|^2) enters Matern12 = exp(-r) at first order through the sqrt: k(x, x) is "
-    "var * (1 - ~5e-7) in float64 and var * (1 - ~8e-3) in float32 for inputs ~5 lengthscales "
-    "from the origin, and no longer equals kernel(X, diag=True)",
-)
 @pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-10), (torch.float32, 1e-4)])
 def test_matern12_diagonal_is_exact(dtype, rtol):
     g = torch.Generator().manual_seed(11)

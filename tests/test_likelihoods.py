@@ -195,13 +195,6 @@ def test_student_t_small_variance_default_scale():
         assert p[i].item() == pytest.approx(ref_p, rel=1e-6)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (accuracy): StudentT.predictive_log_prob uses 20-point Gauss-Hermite over "
-    "N(f; m, v); with the default scale 0.1 and sd(f) >> scale the t-density in f is a "
-    "narrow spike the nodes miss: at m=0.3, v=1, y=-0.4 it returns -3.03 vs the true -1.17 "
-    "(test NLL of a StudentT model is wrong by O(1) nats per point)",
-)
 def test_student_t_predictive_default_scale_large_variance():
     df = 4.0
     lik = StudentT(df=df).to(DT)

@@ -137,7 +137,8 @@ def test_float32_runs_in_float32(step):
     model, guide = _small(data)
     r = dgp.fit(model, guide, data.X_train, data.y_train, num_steps=20, progress=False)
     assert all(math.isfinite(v) for v in r.losses)
-    assert all(p.dtype == torch.float32 for p in list(model.parameters()) + list(guide.parameters()))
+    params = list(model.parameters()) + list(guide.parameters())
+    assert all(p.dtype == torch.float32 for p in params)
     pred = dgp.predict(model, guide, data.X_test, num_samples=10)
     assert pred.mean.dtype == torch.float32
 

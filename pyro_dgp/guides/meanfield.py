@@ -82,8 +82,9 @@ class MeanField(LayerGuide):
         :param loc: ``(D, M)``; :param scale_tril: ``(D, M, M)`` lower triangular, positive
             diagonal. Works in both Pyro parameter modes (global store or module-local).
         """
-        if site_name not in {s.name for s in self.layer_sites}:
-            raise KeyError(f"no inducing site {site_name!r}; sites: {[s.name for s in self.layer_sites]}")
+        names = [s.name for s in self.layer_sites]
+        if site_name not in names:
+            raise KeyError(f"no inducing site {site_name!r}; sites: {names}")
         for holder, value, constraint in (
             (self.locs, loc, constraints.real),
             (self.scale_trils, scale_tril, constraints.lower_cholesky),

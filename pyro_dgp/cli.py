@@ -1,0 +1,241 @@
+"""The ``pyro-dgp`` command line: ``demo``, ``fit``, ``evaluate``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import pyro
+import torch
+
+from . import datasets, metrics
+from .guides.registry import GUIDES, make_guide
+from .io import load_fit, save_fit
+from .model import DeepGP
+from .prediction import predict
+from .training import fit
+
+__all__ = ["main"]
+
+_DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _scores(pred, y, classification: bool) -> dict[str, float]:
+    if classification:
+        return {"nll": metrics.nll(pred, y), "accuracy": metrics.accuracy(pred, y),
+                "auc": metrics.auc(pred, y)}
+    return metrics.regression_report(pred, y)
+
+
+def _table(rows: list[dict], columns: list[str]) -> str:
+    widths = {c: max(len(c), *(len(_fmt(r[c])) for r in rows)) for c in columns}
+    lines = ["  ".join(c.ljust(widths[c]) for c in columns)]
+    lines += ["  ".join(_fmt(r[c]).ljust(widths[c]) for c in columns) for r in rows]
+    return "\n".join(lines)
+
+
+def _fmt(v) -> str:
+    return f"{v:.4f}" if isinstance(v, float) else str(v)
+
+
+# ------------------------------------------------------------------------------------- demo
+def cmd_demo(args) -> int:
+    """Fit a GP and two-layer DGPs with two guides to the built-in step function."""
+    data = datasets.step(n_train=args.n_train, n_test=200, seed=args.seed)
+    runs = [("GP (1 layer)", 1, "meanfield"), ("DGP 2", 2, "meanfield"), ("DGP 2", 2, "automvn")]
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, preds = [], {}
+    for label, layers, guide_name in runs:
+        pyro.set_rng_seed(args.seed)
+        config = {"model": {"num_layers": layers, "num_inducing": args.num_inducing},
+                  "guide": guide_name}
+        model = DeepGP.regression(data.X_train, data.y_train, **config["model"])
+        guide = make_guide(guide_name, model)
+        t0 = time.perf_counter()
+        result = fit(model, guide, data.X_train, data.y_train, num_steps=args.steps, lr=0.02,
+                     seed=args.seed, progress=not args.quiet)
+        pred = predict(model, guide, data.X_test, num_samples=100)
+        row = {"model": label, "guide": guide_name, **_scores(pred, data.y_test, False),
+               "elbo/N": result.final_elbo / len(data.y_train),
+               "seconds": time.perf_counter() - t0}
+        rows.append(row)
+        preds[f"{label}, {guide_name}"] = pred
+        save_fit(out / f"fit_{layers}layer_{guide_name}.pt", model, guide, config)
+    print("Step function, test set of 200 points (lower NLL/RMSE/CRPS is better):")
+    print(_table(rows, ["model", "guide", "nll", "rmse", "crps", "coverage95", "elbo/N",
+                        "seconds"]))
+    (out / "results.json").write_text(json.dumps(rows, indent=2))
+    if not args.no_plots:
+        _plot_predictions(data, preds, out / "predictions.png")
+    print(f"results, fits and plots written to {out}/")
+    return 0
+
+
+def _plot_predictions(data, preds, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = data.X_test.squeeze(-1).cpu()
+    order = torch.argsort(x)
+    fig, axes = plt.subplots(1, len(preds), figsize=(4 * len(preds), 3.2), sharey=True)
+    for ax, (label, pred) in zip(axes, preds.items(), strict=True):
+        lo, hi = pred.quantiles([0.025, 0.975]).cpu()
+        ax.fill_between(x[order], lo[order], hi[order], alpha=0.3, label="95% interval")
+        ax.plot(x[order], pred.mean.cpu()[order], label="mean")
+        ax.scatter(data.X_train.squeeze(-1).cpu(), data.y_train.cpu(), s=6, c="k",
+                   label="train")
+        ax.set_title(label)
+    axes[0].legend(loc="upper left", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# -------------------------------------------------------------------------------------- fit
+def _load_data(args):
+    if args.data.endswith(".csv"):
+        if not args.target:
+            raise SystemExit("error: --target is required with a CSV file")
+        data = datasets.load_csv(args.data, target=args.target, seed=args.seed)
+    else:
+        data = datasets.load(args.data, split=args.split, data_dir=args.data_dir)
+    return data.to(device=args.device, dtype=_DTYPES[args.dtype])
+
+
+def cmd_fit(args) -> int:
+    data = _load_data(args)
+    pyro.set_rng_seed(args.seed)
+    model_cfg = {"num_layers": args.layers, "num_inducing": min(args.inducing, data.num_train),
+                 "seed": args.seed}
+    if args.hidden_dim is not None:
+        model_cfg["hidden_dim"] = args.hidden_dim
+    if args.classification:
+        model_cfg["task"] = "classification"
+    config = {"model": model_cfg, "guide": args.guide, "data": args.data, "split": args.split}
+    kwargs = {k: v for k, v in model_cfg.items() if k != "task"}
+    build = DeepGP.classification if args.classification else DeepGP.regression
+    model = build(data.X_train, data.y_train, **kwargs)
+    guide = make_guide(args.guide, model)
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    result = fit(model, guide, data.X_train, data.y_train, num_steps=args.steps,
+                 batch_size=args.batch_size, lr=args.lr, objective=args.objective,
+                 num_particles=args.particles, seed=args.seed, progress=not args.quiet,
+                 checkpoint=args.checkpoint or out / "checkpoint.pt", resume=args.resume)
+    save_fit(out / "fit.pt", model, guide, config)
+    scores = _evaluate(model, guide, data, args.samples, args.classification)
+    scores.update({"final_elbo": result.final_elbo, "seconds": result.seconds})
+    (out / "metrics.json").write_text(json.dumps(scores, indent=2))
+    print(json.dumps(scores, indent=2))
+    return 0
+
+
+def _evaluate(model, guide, data, num_samples, classification) -> dict:
+    pred = predict(model, guide, data.X_test, num_samples=num_samples)
+    if not classification:
+        pred = pred.rescale(data.y_mean, data.y_std)
+        y = data.y_mean + data.y_std * data.y_test
+    else:
+        y = data.y_test
+    return _scores(pred, y, classification)
+
+
+def cmd_evaluate(args) -> int:
+    state = torch.load(args.fit, weights_only=False, map_location=args.device)
+    cfg = state["config"]
+    args.data = args.data or cfg.get("data")
+    if args.data is None:
+        raise SystemExit("error: --data is required (the fit does not record its data set)")
+    args.split = cfg.get("split", 0) if args.split is None else args.split
+    data = _load_data(args)
+    model, guide, cfg = load_fit(args.fit, data.X_train, data.y_train)
+    classification = cfg["model"].get("task") == "classification"
+    scores = _evaluate(model, guide, data, args.samples, classification)
+    print(json.dumps(scores, indent=2))
+    return 0
+
+
+# ------------------------------------------------------------------------------------ parser
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pyro-dgp", description="Deep Gaussian processes on Pyro")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="fit GP and DGP models with two guides on built-in data")
+    d.add_argument("--steps", type=_positive_int, default=1500, help="SVI steps per model")
+    d.add_argument("--n-train", type=_positive_int, default=100, help="training points")
+    d.add_argument("--num-inducing", type=_positive_int, default=20)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--output", default="out/demo", help="folder for results, fits, plots")
+    d.add_argument("--no-plots", action="store_true")
+    d.add_argument("--quiet", action="store_true", help="no progress bars")
+    d.set_defaults(func=cmd_demo)
+
+    def data_args(q, required=True):
+        q.add_argument("--data", required=required,
+                       help="a UCI name (boston, energy, ...), a built-in set, or a CSV path")
+        q.add_argument("--target", help="target column of a CSV file")
+        q.add_argument("--split", type=int, default=None if not required else 0)
+        q.add_argument("--data-dir", help="folder with uci/ (default: $PYRO_DGP_DATA, cache)")
+        q.add_argument("--device", default="cpu")
+        q.add_argument("--dtype", choices=sorted(_DTYPES), default="float64")
+        q.add_argument("--samples", type=_positive_int, default=100,
+                       help="predictive samples S")
+        q.add_argument("--seed", type=int, default=0)
+
+    f = sub.add_parser("fit", help="fit a DGP to a UCI set or a CSV file")
+    data_args(f)
+    f.add_argument("--layers", type=_positive_int, default=2)
+    f.add_argument("--hidden-dim", type=_positive_int)
+    f.add_argument("--inducing", type=_positive_int, default=100)
+    f.add_argument("--guide", choices=sorted(GUIDES), default="meanfield")
+    f.add_argument("--objective", choices=["auto", "elbo", "meanfield", "renyi"],
+                   default="auto")
+    f.add_argument("--particles", type=_positive_int, default=1)
+    f.add_argument("--steps", type=_positive_int, default=20000)
+    f.add_argument("--batch-size", type=_positive_int, default=10000)
+    f.add_argument("--lr", type=_positive_float, default=0.01)
+    f.add_argument("--classification", action="store_true")
+    f.add_argument("--checkpoint", help="checkpoint file (default OUTPUT/checkpoint.pt)")
+    f.add_argument("--resume", action="store_true", help="continue from the checkpoint")
+    f.add_argument("--output", default="out/fit")
+    f.add_argument("--quiet", action="store_true")
+    f.set_defaults(func=cmd_fit)
+
+    e = sub.add_parser("evaluate", help="score a saved fit on its test split")
+    e.add_argument("fit", help="fit.pt written by 'pyro-dgp fit'")
+    data_args(e, required=False)
+    e.set_defaults(func=cmd_evaluate)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
