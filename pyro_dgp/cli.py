@@ -143,15 +143,15 @@ def cmd_fit(args) -> int:
                  num_particles=args.particles, seed=args.seed, progress=not args.quiet,
                  checkpoint=args.checkpoint or out / "checkpoint.pt", resume=args.resume)
     save_fit(out / "fit.pt", model, guide, config)
-    scores = _evaluate(model, guide, data, args.samples, args.classification)
+    scores = _evaluate(model, guide, data, args.samples, args.classification, args.seed)
     scores.update({"final_elbo": result.final_elbo, "seconds": result.seconds})
     (out / "metrics.json").write_text(json.dumps(scores, indent=2))
     print(json.dumps(scores, indent=2))
     return 0
 
 
-def _evaluate(model, guide, data, num_samples, classification) -> dict:
-    pred = predict(model, guide, data.X_test, num_samples=num_samples)
+def _evaluate(model, guide, data, num_samples, classification, seed=0) -> dict:
+    pred = predict(model, guide, data.X_test, num_samples=num_samples, seed=seed)
     if not classification:
         pred = pred.rescale(data.y_mean, data.y_std)
         y = data.y_mean + data.y_std * data.y_test
@@ -170,7 +170,7 @@ def cmd_evaluate(args) -> int:
     data = _load_data(args)
     model, guide, cfg = load_fit(args.fit, data.X_train, data.y_train)
     classification = cfg["model"].get("task") == "classification"
-    scores = _evaluate(model, guide, data, args.samples, classification)
+    scores = _evaluate(model, guide, data, args.samples, classification, args.seed)
     print(json.dumps(scores, indent=2))
     return 0
 

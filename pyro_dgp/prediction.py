@@ -144,6 +144,7 @@ def predict(
     batch_size: int = 1024,
     y_mean: float = 0.0,
     y_std: float = 1.0,
+    seed: int | None = None,
 ) -> MixturePredictive:
     """Predictive mixture at ``X`` from ``num_samples`` guide draws.
 
@@ -152,6 +153,7 @@ def predict(
     :param X: ``(N, D)`` test inputs.
     :param batch_size: test points per pass (memory grows with S x batch x M).
     :param y_mean, y_std: report in units ``y_mean + y_std * y_model``.
+    :param seed: draw the samples from this seed without touching the global random state.
     :returns: :class:`MixturePredictive` with ``.mean``, ``.variance``, ``.log_prob(y)``...
     """
     check_inputs(X)
@@ -162,7 +164,10 @@ def predict(
         raise ValueError("predict() needs a model with a .likelihood (e.g. pyro_dgp.DeepGP)")
     last = model.layers[-1].name + ".f" if hasattr(model, "layers") else None
     locs, vars_ = [], []
-    with torch.no_grad():
+    devices = [X.device] if X.device.type == "cuda" else []
+    with torch.no_grad(), torch.random.fork_rng(devices=devices, enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(seed)
         for chunk in X.split(batch_size, dim=-2):
             with pyro.plate("_predictive_samples", S, dim=-2):
                 trace = poutine.trace(guide).get_trace(chunk)

@@ -1,0 +1,33 @@
+"""Device placement: everything follows the data onto the GPU (skipped without CUDA)."""
+
+import pytest
+import torch
+
+import pyro_dgp as dgp
+
+pytestmark = pytest.mark.cuda
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fit_and_predict_on_cuda(dtype):
+    data = dgp.datasets.step(n_train=64, n_test=32).to(device="cuda", dtype=dtype)
+    model = dgp.DeepGP.regression(data.X_train, data.y_train, num_layers=2, num_inducing=10)
+    assert all(p.device.type == "cuda" and p.dtype == dtype for p in model.parameters())
+    for guide in (dgp.guides.MeanField(model), dgp.guides.MeanField(model, collapsed=False)):
+        result = dgp.fit(model, guide, data.X_train, data.y_train, num_steps=20,
+                         batch_size=32, progress=False)
+        assert result.losses[-1] == result.losses[-1]  # not NaN
+        assert all(p.device.type == "cuda" for p in guide.parameters())
+        pred = dgp.predict(model, guide, data.X_test, num_samples=8)
+        assert pred.mean.device.type == "cuda" and pred.mean.dtype == dtype
+        assert torch.isfinite(pred.log_prob(data.y_test)).all()
+
+
+def test_completed_autoguide_on_cuda():
+    from pyro.infer.autoguide import AutoMultivariateNormal
+
+    data = dgp.datasets.step(n_train=64, n_test=32).to(device="cuda")
+    model = dgp.DeepGP.regression(data.X_train, data.y_train, num_layers=2, num_inducing=10)
+    guide = dgp.complete(AutoMultivariateNormal(dgp.inducing_only(model)), model)
+    dgp.fit(model, guide, data.X_train, data.y_train, num_steps=10, progress=False)
+    assert all(p.device.type == "cuda" for p in guide.parameters())
