@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +54,8 @@ def make_objective(objective, guide, num_particles: int = 1) -> ELBO:
     an instance (returned as is). ``"auto"`` is TraceMeanField_ELBO (analytic KL) for guides
     that factorise like the prior, else Trace_ELBO."""
     if isinstance(objective, ELBO):
+        if isinstance(objective, TraceMeanField_ELBO):
+            _warn_mean_field(guide)
         return objective
     num_particles = check_positive_int(num_particles, "num_particles")
     if objective == "auto":
@@ -61,7 +64,20 @@ def make_objective(objective, guide, num_particles: int = 1) -> ELBO:
         raise ValueError(
             f"objective must be a pyro ELBO or one of {['auto', *_OBJECTIVES]}, got {objective!r}"
         )
+    if objective == "meanfield":
+        _warn_mean_field(guide)
     return _OBJECTIVES[objective](num_particles, num_particles > 1)
+
+
+def _warn_mean_field(guide) -> None:
+    if not getattr(guide, "mean_field", False):
+        warnings.warn(
+            f"TraceMeanField_ELBO assumes a guide that factorises like the model; "
+            f"{type(guide).__name__} does not declare that (its analytic KL terms may be "
+            "wrong); use Trace_ELBO",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _parameters(*modules) -> list[torch.nn.Parameter]:

@@ -2,6 +2,17 @@
 
 from .base import LayerGuide, LayerSite
 from .complete import Completed, complete, inducing_only
+from .joint import Chain, Coupled, JointGaussian
 from .meanfield import MeanField
 
-__all__ = ["LayerGuide", "LayerSite", "MeanField", "Completed", "complete", "inducing_only"]
+__all__ = [
+    "Chain",
+    "Completed",
+    "Coupled",
+    "JointGaussian",
+    "LayerGuide",
+    "LayerSite",
+    "MeanField",
+    "complete",
+    "inducing_only",
+]

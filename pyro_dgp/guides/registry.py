@@ -5,6 +5,7 @@ from __future__ import annotations
 from pyro.infer import autoguide
 
 from .complete import complete, inducing_only
+from .joint import Chain, Coupled
 from .meanfield import MeanField
 
 __all__ = ["GUIDES", "make_guide"]
@@ -20,6 +21,9 @@ _AUTO = {
 GUIDES = {
     "meanfield": "mean-field Gaussian per layer, collapsed estimator (DSVI)",
     "meanfield-sampled": "mean-field Gaussian per layer, sampled-u estimator",
+    "coupled": "one Gaussian over all layers' inducing outputs (full covariance)",
+    "coupled-lowrank": "one Gaussian over all layers, low-rank-plus-diagonal covariance",
+    "chain": "chain-structured Gaussian q(u1) prod q(ul | ul-1), last layer collapsed",
     "autonormal": "Pyro AutoNormal over the inducing outputs, completed",
     "automvn": "Pyro AutoMultivariateNormal over all inducing outputs, completed",
     "autolowrank": "Pyro AutoLowRankMultivariateNormal, completed",
@@ -33,6 +37,12 @@ def make_guide(name: str, model):
         return MeanField(model)
     if name == "meanfield-sampled":
         return MeanField(model, collapsed=False)
+    if name == "coupled":
+        return Coupled(model)
+    if name == "coupled-lowrank":
+        return Coupled(model, rank=10)
+    if name == "chain":
+        return Chain(model)
     if name in _AUTO:
         return complete(_AUTO[name](inducing_only(model)), model)
     raise ValueError(f"unknown guide {name!r}; choose from {sorted(GUIDES)}")

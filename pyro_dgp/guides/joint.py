@@ -1,0 +1,303 @@
+"""Guides that couple the inducing outputs of all layers (seed 003 §4.1, REFERENCE.md §3.2-3.3).
+
+Both guides are Gaussian over ``v = [vec(u^1); ...; vec(u^L)]`` (``vec`` row-major over
+``(D_l, M_l)``, in each layer's own whitened or unwhitened parameterisation), written as
+``v = mean + R eps (+ sqrt(d) eps')``, so they share one closed-form KL to the layer-wise prior
+and one way of handing samples to the layer sites.
+
+The KL is exact and analytic: each ``<layer>.u`` site of the guide scores ``log p(u^l)`` (the
+model's own prior at the drawn value) and the first also adds ``KL(q || p)``. In any ELBO the
+guide's and model's ``log p(u^l)`` cancel exactly (values and gradients), leaving
+``E log p(y | f) - KL``: Trace_ELBO and TraceMeanField_ELBO both compute the same
+unbiased estimate, with no Monte Carlo noise from the KL.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pyro.distributions as dist
+import torch
+from pyro.distributions import constraints
+from pyro.infer.autoguide.utils import deep_setattr
+from pyro.nn import PyroModule, PyroParam
+
+from .base import LayerGuide, LayerSite
+from .meanfield import deep_getattr
+
+__all__ = ["Chain", "Coupled", "JointGaussian", "gaussian_kl_to_layer_prior"]
+
+
+def gaussian_kl_to_layer_prior(sites, mean, R, d=None, logdet_S=None) -> torch.Tensor:
+    """``KL(N(mean, R R^T + diag d) || prod_l prod_d p(u^l_d))`` in closed form.
+
+    :param sites: the :class:`LayerSite`\\ s in the order of ``mean``'s blocks.
+    :param mean: ``(T,)``; :param R: ``(T, K)``; :param d: ``(T,)`` or ``None``.
+    :param logdet_S: ``log det Cov q`` if known (e.g. from a triangular ``R``).
+
+    With block prior covariances ``P_b`` (``I`` whitened, ``K_ZZ`` unwhitened; one block per
+    layer and output): ``KL = 1/2 [sum_b tr(P_b^-1 S_bb) + m_b^T P_b^-1 m_b + log det P_b
+    - T - log det S]``; only the diagonal blocks ``S_bb`` of ``S`` are needed.
+    """
+    T = mean.shape[-1]
+    total = -T - (logdet_S if logdet_S is not None else _logdet(R, d))
+    offset = 0
+    for site in sites:
+        D, M = site.shape
+        n = D * M
+        m = mean[offset : offset + n].reshape(D, M)
+        Rb = R[offset : offset + n].reshape(D, M, R.shape[-1])
+        db = None if d is None else d[offset : offset + n].reshape(D, M)
+        if site.layer.whiten:
+            total = total + (Rb * Rb).sum() + (m * m).sum()
+            if db is not None:
+                total = total + db.sum()
+        else:
+            Lk = site.layer.kzz_cholesky()
+            LiR = torch.linalg.solve_triangular(Lk, Rb, upper=False)
+            Lim = torch.linalg.solve_triangular(Lk, m.unsqueeze(-1), upper=False)
+            total = total + (LiR * LiR).sum() + (Lim * Lim).sum()
+            total = total + 2 * D * Lk.diagonal().log().sum()
+            if db is not None:
+                Kinv_diag = torch.cholesky_inverse(Lk).diagonal()
+                total = total + (db * Kinv_diag).sum()
+        offset += n
+    return 0.5 * total
+
+
+def _logdet(R, d):
+    if d is None:
+        raise ValueError("log det S needs d or an explicit value for a non-square factor")
+    # matrix determinant lemma: det(D + R R^T) = det(D) det(I + R^T D^-1 R)
+    inner = torch.eye(R.shape[-1], dtype=R.dtype, device=R.device) + R.mT @ (R / d.unsqueeze(-1))
+    return d.log().sum() + torch.linalg.cholesky(inner).diagonal().log().sum() * 2
+
+
+class _JointDraw:
+    """One joint draw of ``v`` per guide run, shared by the layers' sites (keyed by the batch
+    shape the enclosing plates give the sites)."""
+
+    def __init__(self, sample_fn):
+        self.sample_fn, self.cache = sample_fn, {}
+
+    def get(self, batch_shape: torch.Size) -> torch.Tensor:
+        if batch_shape not in self.cache:
+            self.cache[batch_shape] = self.sample_fn(batch_shape)
+        return self.cache[batch_shape]
+
+
+class _LayerSlice(dist.TorchDistribution):
+    """Layer ``site``'s block of a joint draw, scored as ``log p(u^l) + extra``."""
+
+    arg_constraints = {}
+    support = constraints.real
+    has_rsample = True
+
+    def __init__(self, draw: _JointDraw, offset: int, site: LayerSite, extra, batch_shape=()):
+        self.draw, self.offset, self.site, self.extra = draw, offset, site, extra
+        super().__init__(torch.Size(batch_shape), site.shape, validate_args=False)
+
+    def expand(self, batch_shape, _instance=None):
+        return _LayerSlice(self.draw, self.offset, self.site, self.extra, batch_shape)
+
+    def rsample(self, sample_shape=torch.Size()):
+        if sample_shape:
+            raise NotImplementedError("joint guides draw through plates, not sample_shape")
+        D, M = self.site.shape
+        v = self.draw.get(self.batch_shape)[..., self.offset : self.offset + D * M]
+        return v.reshape(self.batch_shape + (D, M))
+
+    def log_prob(self, value):
+        return self.site.layer.prior().log_prob(value) + self.extra
+
+
+class JointGaussian(LayerGuide):
+    """Base of the cross-layer Gaussian guides; subclasses define the parameters,
+    ``factor()`` and ``sample(batch_shape)``."""
+
+    mean_field = True  # TraceMeanField_ELBO is exact here: the KL is analytic (module docstring)
+
+    def _offsets(self) -> list[int]:
+        out, total = [], 0
+        for site in self.layer_sites:
+            out.append(total)
+            total += site.shape.numel()
+        return out
+
+    @property
+    def dim(self) -> int:
+        """T = sum_l D_l M_l."""
+        return sum(s.shape.numel() for s in self.layer_sites)
+
+    def _init_blocks(self):
+        """Per layer ``(D, M, M)`` Cholesky factors of the initial covariance (MeanField's)."""
+        out = []
+        for site in self.layer_sites:
+            layer = site.layer
+            Z = layer.inducing_points.detach()
+            D, M = site.shape
+            eye = torch.eye(M, dtype=Z.dtype, device=Z.device)
+            if not site.is_last:
+                tril = math.sqrt(self.inner_variance) * eye
+            elif layer.whiten:
+                tril = eye
+            else:
+                with torch.no_grad():
+                    tril = layer.kzz_cholesky()
+            out.append(tril.expand(D, M, M))
+        return out
+
+    def factor(self):
+        """``(mean (T,), R (T, K), d (T,) or None, log det Cov q)``."""
+        raise NotImplementedError
+
+    def sample(self, batch_shape: torch.Size) -> torch.Tensor:
+        """``(*batch_shape, T)`` reparameterised draws of ``v``."""
+        mean, R, d, _ = self.factor()
+        eps = torch.randn(batch_shape + (R.shape[-1],), dtype=mean.dtype, device=mean.device)
+        v = mean + eps @ R.mT
+        if d is not None:
+            v = v + d.sqrt() * torch.randn(batch_shape + mean.shape, dtype=mean.dtype,
+                                           device=mean.device)
+        return v
+
+    def kl(self) -> torch.Tensor:
+        """``KL(q(U) || p(U))``, closed form."""
+        mean, R, d, logdet = self.factor()
+        return gaussian_kl_to_layer_prior(self.layer_sites, mean, R, d, logdet)
+
+    def _before_run(self, *args, **kwargs):
+        self._draw = _JointDraw(self.sample)
+        self._kl = self.kl()
+
+    def u_site(self, site):
+        extra = self._kl if site.index == 0 else 0.0
+        return _LayerSlice(self._draw, self._offsets()[site.index], site, extra)
+
+
+class Coupled(JointGaussian):
+    """One Gaussian over the inducing outputs of all layers (seed 003 §4.1).
+
+    :param rank: ``None`` for a full ``T x T`` Cholesky factor, or the rank ``r`` of a
+        low-rank-plus-diagonal covariance ``W W^T + diag(d)``.
+
+    Estimator: the sampled-u estimator (seed 003's B1): ``U`` is drawn jointly and each
+    ``f^l`` from the model's conditional given ``u^l`` and ``f^{l-1}``; unbiased for any q.
+    Cost O(T^3) (full) or O(T r^2) (low rank) per step, T = sum_l D_l M_l.
+    """
+
+    def __init__(self, model, rank: int | None = None, inner_variance: float = 1e-5,
+                 name=None):
+        super().__init__(model, name=name)
+        if rank is not None and int(rank) <= 0:
+            raise ValueError(f"Coupled: rank must be a positive integer or None, got {rank}")
+        if not inner_variance > 0:
+            raise ValueError(f"Coupled: inner_variance must be positive, got {inner_variance}")
+        self.rank = None if rank is None else int(rank)
+        self.inner_variance = float(inner_variance)
+
+    def _setup_sites(self, sites):
+        blocks = self._init_blocks()
+        ref = blocks[0]
+        T = self.dim
+        self.loc = PyroParam(ref.new_zeros(T))
+        if self.rank is None:
+            self.scale_tril = PyroParam(torch.block_diag(*[b for blk in blocks for b in blk]),
+                                        constraints.lower_cholesky)
+        else:
+            var = torch.cat([(blk * blk).sum(-1).reshape(-1) for blk in blocks])
+            g = torch.Generator(device="cpu").manual_seed(0)
+            W = 1e-3 * torch.randn(T, self.rank, generator=g, dtype=ref.dtype).to(ref.device)
+            self.cov_factor = PyroParam(W)
+            self.cov_diag = PyroParam(var, constraints.positive)
+
+    def factor(self):
+        if self.rank is None:
+            L = self.scale_tril
+            return self.loc, L, None, 2 * L.diagonal().log().sum()
+        return self.loc, self.cov_factor, self.cov_diag, None
+
+
+class Chain(JointGaussian):
+    """``q(u^1) prod_{l>1} q(u^l | u^{l-1})`` with Gaussian conditionals (seed 003 eq. 14-17):
+
+        v_1 = m_1 + L_1 e_1,   v_l = m_l + B_l (v_{l-1} - m_{l-1}) + L_l e_l,
+
+    a joint Gaussian with block-tridiagonal precision and parameters linear in depth.
+
+    Estimator: ``u^1..u^{L-1}`` are drawn and ``f^1..f^{L-1}`` come from the model's
+    conditionals; the last layer's ``u^L`` is integrated out through ``q(u^L | u^{L-1})``
+    (Gaussian, independent of everything else given ``u^{L-1}``), so ``f^L`` is drawn from the
+    collapsed marginal: exact, and of lower variance than sampling ``u^L``.
+    """
+
+    def __init__(self, model, inner_variance: float = 1e-5, name=None):
+        super().__init__(model, name=name)
+        if not inner_variance > 0:
+            raise ValueError(f"Chain: inner_variance must be positive, got {inner_variance}")
+        self.inner_variance = float(inner_variance)
+        self.locs = PyroModule()
+        self.scale_trils = PyroModule()
+        self.couplings = PyroModule()
+
+    def _setup_sites(self, sites):
+        for site, blk in zip(sites, self._init_blocks(), strict=True):
+            n = site.shape.numel()
+            deep_setattr(self.locs, site.name, PyroParam(blk.new_zeros(n)))
+            deep_setattr(self.scale_trils, site.name,
+                         PyroParam(torch.block_diag(*blk), constraints.lower_cholesky))
+            if site.index > 0:
+                prev = sites[site.index - 1].shape.numel()
+                deep_setattr(self.couplings, site.name, PyroParam(blk.new_zeros(n, prev)))
+
+    def block_params(self, site: LayerSite):
+        """``(m_l (n_l,), L_l (n_l, n_l), B_l (n_l, n_{l-1}) or None)``."""
+        B = deep_getattr(self.couplings, site.name) if site.index > 0 else None
+        return deep_getattr(self.locs, site.name), deep_getattr(self.scale_trils, site.name), B
+
+    def factor(self):
+        """The joint as ``v = mean + R e`` with block lower-triangular ``R`` (T x T)."""
+        means, rows, logdet = [], [], 0.0
+        T = self.dim
+        offset = 0
+        for site in self.layer_sites:
+            m, L, B = self.block_params(site)
+            n = m.shape[-1]
+            row = L.new_zeros(n, T)
+            if B is not None:
+                row = row + B @ rows[-1]  # v_{l-1} - m_{l-1} = (its rows of R) e
+            row[:, offset : offset + n] = row[:, offset : offset + n] + L
+            means.append(m)
+            rows.append(row)
+            logdet = logdet + 2 * L.diagonal().log().sum()
+            offset += n
+        return torch.cat(means), torch.cat(rows), None, logdet
+
+    def joint(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mean (T,), covariance (T, T))`` of ``q(v)``."""
+        mean, R, _, _ = self.factor()
+        return mean, R @ R.mT
+
+    def sample(self, batch_shape):
+        # ancestral sampling, keeping the last layer's conditional mean for the collapse
+        parts, prev, prev_m = [], None, None
+        for site in self.layer_sites:
+            m, L, B = self.block_params(site)
+            loc = m if B is None else m + (prev - prev_m) @ B.mT
+            if site.is_last:
+                self._last_loc = loc
+            eps = torch.randn(batch_shape + m.shape, dtype=m.dtype, device=m.device)
+            prev, prev_m = loc + eps @ L.mT, m
+            parts.append(prev)
+        return torch.cat(parts, -1)
+
+    def f_marginal(self, site, x, u):
+        if not site.is_last:
+            return site.layer.conditional(x, u)
+        D, M = site.shape
+        _, L, _ = self.block_params(site)
+        loc = self._last_loc.reshape(self._last_loc.shape[:-1] + (D, M))
+        if loc.dim() > 2:  # (..., 1, D, M): drop the data plate's singleton, as GPLayer does
+            loc = loc.squeeze(-3)
+        # Cov of output d's block of u^L given u^{L-1} is L_d L_d^T with L_d = its rows of L
+        return site.layer.conditional(x, loc, L.reshape(D, M, L.shape[-1]))

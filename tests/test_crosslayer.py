@@ -1,0 +1,217 @@
+"""Cross-layer guides: closed-form KL, Chain = Coupled for matched parameters, unbiasedness."""
+
+import math
+
+import pyro
+import pytest
+import torch
+from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
+from torch.distributions import MultivariateNormal, kl_divergence
+
+import pyro_dgp as dgp
+from pyro_dgp.guides import Chain, Coupled
+
+DT = torch.float64
+
+
+def _model(num_layers=2, whiten=True, N=30, M=6, hidden=2):
+    g = torch.Generator().manual_seed(0)
+    X = torch.linspace(-2, 2, N, dtype=DT).unsqueeze(-1)
+    y = torch.sin(3 * X.squeeze(-1)) + 0.05 * torch.randn(N, generator=g, dtype=DT)
+    model = dgp.DeepGP.regression(X, y, num_layers=num_layers, num_inducing=M,
+                                  hidden_dim=hidden, whiten=whiten)
+    return model, X, y
+
+
+def _random_joint(T, seed=0, scale=0.3):
+    g = torch.Generator().manual_seed(seed)
+    mean = 0.5 * torch.randn(T, generator=g, dtype=DT)
+    L = torch.randn(T, T, generator=g, dtype=DT).tril(-1) * scale / math.sqrt(T)
+    L = L + torch.diag(0.3 + 0.5 * torch.rand(T, generator=g, dtype=DT))
+    return mean, L
+
+
+def _set_coupled(guide, mean, L):
+    with torch.no_grad():
+        guide.loc_unconstrained.copy_(mean)
+        guide.scale_tril_unconstrained.copy_(
+            torch.distributions.transform_to(torch.distributions.constraints.lower_cholesky)
+            .inv(L))
+
+
+def _prior_cov(guide):
+    blocks = []
+    for site in guide.layer_sites:
+        D, M = site.shape
+        K = (torch.eye(M, dtype=DT) if site.layer.whiten
+             else site.layer.kzz_cholesky() @ site.layer.kzz_cholesky().mT)
+        blocks += [K] * D
+    return torch.block_diag(*blocks).detach()
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+@pytest.mark.parametrize("rank", [None, 3])
+def test_coupled_kl_matches_torch(whiten, rank):
+    model, X, y = _model(whiten=whiten)
+    guide = Coupled(model, rank=rank)
+    guide(X, y)
+    T = guide.dim
+    with torch.no_grad():
+        if rank is None:
+            mean, L = _random_joint(T)
+            _set_coupled(guide, mean, L)
+            q = MultivariateNormal(mean, scale_tril=L)
+        else:
+            g = torch.Generator().manual_seed(1)
+            guide.loc_unconstrained.copy_(torch.randn(T, generator=g, dtype=DT))
+            guide.cov_factor_unconstrained.copy_(0.3 * torch.randn(T, rank, generator=g,
+                                                                   dtype=DT))
+            guide.cov_diag_unconstrained.copy_(torch.randn(T, generator=g, dtype=DT) - 1)
+            W, d = guide.cov_factor, guide.cov_diag
+            q = MultivariateNormal(guide.loc, covariance_matrix=W @ W.mT + torch.diag(d))
+        p = MultivariateNormal(torch.zeros(T, dtype=DT), covariance_matrix=_prior_cov(guide))
+        assert float(guide.kl()) == pytest.approx(float(kl_divergence(q, p)), rel=1e-9)
+
+
+def _chain_from_joint(chain, mean, S):
+    """Chain parameters representing N(mean, S) exactly (Gaussian conditioning)."""
+    sites = chain.layer_sites
+    n1 = sites[0].shape.numel()
+    S11, S12, S22 = S[:n1, :n1], S[:n1, n1:], S[n1:, n1:]
+    B = torch.linalg.solve(S11, S12).mT
+    cond = S22 - B @ S12
+    values = {
+        ("locs", sites[0].name): mean[:n1], ("locs", sites[1].name): mean[n1:],
+        ("scale_trils", sites[0].name): torch.linalg.cholesky(S11),
+        ("scale_trils", sites[1].name): torch.linalg.cholesky(0.5 * (cond + cond.mT)),
+        ("couplings", sites[1].name): B,
+    }
+    tf = torch.distributions.transform_to
+    cons = {"locs": torch.distributions.constraints.real,
+            "scale_trils": torch.distributions.constraints.lower_cholesky,
+            "couplings": torch.distributions.constraints.real}
+    with torch.no_grad():
+        for (holder, name), value in values.items():
+            module = getattr(chain, holder)
+            *path, leaf = name.split(".")
+            for p in path:
+                module = getattr(module, p)
+            getattr(module, leaf + "_unconstrained").copy_(tf(cons[holder]).inv(value))
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+def test_chain_represents_the_same_joint_as_coupled(whiten):
+    model, X, y = _model(whiten=whiten)
+    coupled, chain = Coupled(model), Chain(model)
+    coupled(X, y)
+    chain(X, y)
+    mean, L = _random_joint(coupled.dim, seed=2)
+    _set_coupled(coupled, mean, L)
+    _chain_from_joint(chain, mean, L @ L.mT)
+    with torch.no_grad():
+        m_chain, S_chain = chain.joint()
+        torch.testing.assert_close(m_chain, mean)
+        torch.testing.assert_close(S_chain, L @ L.mT)
+        assert float(chain.kl()) == pytest.approx(float(coupled.kl()), rel=1e-9)
+    # same joint, different estimators (Chain collapses the last layer): same ELBO mean, and
+    # Chain's estimate has the lower variance
+    pyro.set_rng_seed(0)
+    a = _estimates(Trace_ELBO(), model, chain, X, y, 600)
+    b = _estimates(Trace_ELBO(), model, coupled, X, y, 600)
+    se = math.sqrt(float(a.var() / len(a) + b.var() / len(b)))
+    assert abs(float(a.mean() - b.mean())) < 3 * se
+    print(f"variance ratio chain/coupled = {float(a.var() / b.var()):.3f}")
+    assert float(a.var()) < float(b.var())
+
+
+def _estimates(elbo, model, guide, X, y, n):
+    with torch.no_grad():
+        return torch.tensor([-elbo.loss(model, guide, X, y) for _ in range(n)], dtype=DT)
+
+
+def _brute_force_elbo(model, mean, S, X, y, n=20000, seed=7):
+    """E_q log p(y | f^2) - KL by plain Monte Carlo with dense algebra, no library guide."""
+    g = torch.Generator().manual_seed(seed)
+    l1, l2 = model.layers
+    s2 = model.likelihood.variance.detach()
+    T = mean.shape[0]
+    v = mean + torch.randn(n, T, generator=g, dtype=DT) @ torch.linalg.cholesky(S).mT
+    D1, M1 = l1.output_dim, l1.num_inducing
+
+    def layer_sample(layer, x, u):  # u: (n, D, M) whitened; x: (n, N, Din)
+        with torch.no_grad():
+            Z = layer.inducing_points
+            K = layer.kernel(Z)
+            L = torch.linalg.cholesky(K + 1e-12 * torch.eye(len(Z), dtype=DT))
+            Kzx = layer.kernel(Z, x)
+            A = torch.linalg.solve_triangular(L, Kzx, upper=False)
+            mean_f = (u @ A).mT + layer.mean_function(x)
+            var = (layer.kernel(x, diag=True) - (A * A).sum(-2)).unsqueeze(-1)
+            return mean_f, var
+
+    u1 = v[:, : D1 * M1].reshape(n, D1, M1)
+    u2 = v[:, D1 * M1 :].reshape(n, 1, -1)
+    m1, v1 = layer_sample(l1, X.expand(n, *X.shape), u1)
+    f1 = m1 + v1.sqrt() * torch.randn(m1.shape, generator=g, dtype=DT)
+    m2, v2 = layer_sample(l2, f1, u2)
+    m2, v2 = m2.squeeze(-1), v2.squeeze(-1)
+    ell = (torch.distributions.Normal(m2, s2.sqrt()).log_prob(y) - 0.5 * v2 / s2).sum(-1)
+    p = MultivariateNormal(torch.zeros(T, dtype=DT), torch.eye(T, dtype=DT))
+    kl = kl_divergence(MultivariateNormal(mean, S), p)
+    return float(ell.mean() - kl), float(ell.std() / math.sqrt(n))
+
+
+@pytest.mark.parametrize("Guide", [Coupled, Chain])
+def test_cross_layer_estimators_are_unbiased(Guide):
+    model, X, y = _model(N=12, M=4, hidden=1)
+    for layer in model.layers:  # tiny jitter so the brute force needs no jitter model
+        layer.jitter = 1e-12
+    coupled = Coupled(model)
+    coupled(X, y)
+    mean, L = _random_joint(coupled.dim, seed=4, scale=0.2)
+    if Guide is Coupled:
+        guide = coupled
+        _set_coupled(guide, mean, L)
+    else:
+        guide = Chain(model)
+        guide(X, y)
+        _chain_from_joint(guide, mean, L @ L.mT)
+    reference, ref_se = _brute_force_elbo(model, mean, L @ L.mT, X, y)
+    pyro.set_rng_seed(3)
+    est = _estimates(Trace_ELBO(), model, guide, X, y, 1500)
+    se = math.sqrt(float(est.var()) / len(est) + ref_se**2)
+    assert abs(float(est.mean()) - reference) < 3 * se, (float(est.mean()), reference, se)
+
+
+@pytest.mark.parametrize("Guide", [Coupled, Chain])
+def test_trace_mean_field_elbo_equals_trace_elbo_for_joint_guides(Guide):
+    model, X, y = _model()
+    guide = Guide(model)
+    guide(X, y)
+    values = []
+    for elbo in (Trace_ELBO(), TraceMeanField_ELBO()):
+        pyro.set_rng_seed(11)
+        with torch.no_grad():
+            values.append(elbo.loss(model, guide, X, y))
+    assert values[0] == pytest.approx(values[1], rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["coupled", "coupled-lowrank", "chain"])
+def test_cross_layer_guides_train(name):
+    from pyro_dgp.guides.registry import make_guide
+
+    model, X, y = _model(N=40, M=8)
+    guide = make_guide(name, model)
+    r = dgp.fit(model, guide, X, y, num_steps=150, lr=0.02, progress=False)
+    assert r.losses[-1] < r.losses[0]
+    pred = dgp.predict(model, guide, X, num_samples=20)
+    assert torch.isfinite(pred.log_prob(y)).all()
+
+
+def test_trace_mean_field_is_warned_against_for_completed_joint_autoguides():
+    from pyro.infer.autoguide import AutoMultivariateNormal
+
+    model, X, y = _model()
+    guide = dgp.complete(AutoMultivariateNormal(dgp.inducing_only(model)), model)
+    with pytest.warns(UserWarning, match="TraceMeanField_ELBO"):
+        dgp.fit(model, guide, X, y, num_steps=2, objective="meanfield", progress=False)

@@ -1,0 +1,125 @@
+"""End-to-end test of the UCI benchmark harness (pyro_dgp.bench.uci) on a tiny setting."""
+
+import json
+
+import pytest
+
+from pyro_dgp import datasets
+from pyro_dgp.bench import uci
+
+
+def _have_boston() -> bool:
+    try:
+        datasets.load("boston", split=0, download=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+needs_data = pytest.mark.skipif(
+    not _have_boston(),
+    reason="UCI data missing: set PYRO_DGP_DATA to the folder holding uci/bostonHousing "
+    "(e.g. ../shared/data)",
+)
+
+
+@needs_data
+def test_uci_harness_end_to_end_resume_and_summary(tmp_path, capsys):
+    out = tmp_path / "results.jsonl"
+    report = tmp_path / "BENCHMARKS.md"
+    argv = ["--datasets", "boston", "--layers", "1", "--splits", "1", "--steps", "5",
+            "--samples", "5", "--inducing", "10", "--threads", "1", "--quiet",
+            "--out", str(out), "--summary"]
+    assert uci.main(argv) == 0
+    first = capsys.readouterr()
+
+    lines = out.read_text().splitlines()
+    assert len(lines) == 1
+    rec = json.loads(lines[0])
+    for key in ("dataset", "layers", "guide", "objective", "split", "model", "status",
+                "settings", "data", "metrics", "final_elbo", "seconds", "versions"):
+        assert key in rec, key
+    assert (rec["dataset"], rec["layers"], rec["guide"], rec["objective"], rec["split"]) == (
+        "boston", 1, "meanfield", "auto", 0)
+    assert rec["model"] == "SGP" and rec["status"] == "ok"
+    s = rec["settings"]
+    assert (s["steps"], s["samples"], s["inducing_used"], s["lr"], s["particles"]) == (
+        5, 5, 10, 0.01, 1)
+    assert s["batch_size_used"] == rec["data"]["num_train"] == 455  # min(10000, N)
+    assert rec["data"]["num_splits"] == 20
+    assert rec["steps_done"] == 5
+    m = rec["metrics"]
+    assert set(m) >= {"test_loglik", "nll", "rmse", "crps", "coverage95"}
+    assert m["test_loglik"] == pytest.approx(-m["nll"])
+    assert 0 < m["rmse"] < 30 and 0 < m["crps"] < m["rmse"] + 1e-9  # CRPS <= MAE <= RMSE
+    assert 0 <= m["coverage95"] <= 1
+    assert rec["final_elbo"] < 0 and rec["seconds"] > 0
+    # the finished run's checkpoint is gone, the folder stays
+    assert list((tmp_path / "results.jsonl.ckpt").iterdir()) == []
+
+    # the summary sits beside the published boston numbers (REFERENCE.md §6)
+    assert "| boston | SGP |" in first.out
+    assert "-2.47(0.05)" in first.out and "2.87(0.15)" in first.out
+
+    # a second invocation skips the finished run and appends the report
+    assert uci.main(argv + ["--append", str(report)]) == 0
+    second = capsys.readouterr()
+    assert "1 of 1 runs already in" in second.err
+    assert out.read_text().splitlines() == lines
+    text = report.read_text()
+    assert text.startswith("# Benchmarks")
+    assert "--steps 5" in text and "-2.47(0.05)" in text and "torch " in text
+    assert "steps 5 (protocol 20000)" in text
+
+
+@needs_data
+def test_uci_harness_resumes_a_killed_run(tmp_path, monkeypatch):
+    """A run whose process died mid-fit continues from its checkpoint."""
+    out = tmp_path / "r.jsonl"
+    argv = ["--datasets", "boston", "--layers", "1", "--splits", "1", "--steps", "6",
+            "--samples", "3", "--inducing", "5", "--threads", "1", "--quiet",
+            "--checkpoint-every", "2", "--out", str(out)]
+    real_fit = uci.fit
+
+    def dying_fit(*args, **kwargs):
+        kwargs["num_steps"] = 4  # stand-in for a kill after step 4: the checkpoint holds 4
+        real_fit(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(uci, "fit", dying_fit)
+    with pytest.raises(KeyboardInterrupt):
+        uci.main(argv)
+    assert not out.exists()
+    monkeypatch.setattr(uci, "fit", real_fit)
+    assert uci.main(argv) == 0
+    rec = json.loads(out.read_text())
+    assert rec["resumed_from"] == 4 and rec["steps_done"] == 6
+
+
+def test_parse_splits():
+    assert uci._parse_splits(["all"], 5) == [0, 1, 2, 3, 4]
+    assert uci._parse_splits(["3"], 20) == [0, 1, 2]
+    assert uci._parse_splits(["30"], 5) == [0, 1, 2, 3, 4]
+    assert uci._parse_splits(["4", "1"], 20) == [1, 4]
+    assert uci._parse_splits(["5:7"], 20) == [5, 6]
+    with pytest.raises(ValueError):
+        uci._parse_splits(["4", "25"], 20)
+
+
+@needs_data
+def test_uci_harness_records_a_failed_run_and_retries_it(tmp_path, monkeypatch):
+    out = tmp_path / "r.jsonl"
+    argv = ["--datasets", "boston", "--layers", "1", "--splits", "1", "--steps", "2",
+            "--samples", "2", "--inducing", "5", "--threads", "1", "--quiet", "--out", str(out)]
+
+    def broken_fit(*args, **kwargs):
+        raise RuntimeError("cholesky failed")
+
+    monkeypatch.setattr(uci, "fit", broken_fit)
+    assert uci.main(argv) == 0
+    rec = json.loads(out.read_text())
+    assert rec["status"] == "failed" and "cholesky failed" in rec["error"]
+    monkeypatch.undo()
+    assert uci.main(argv + ["--summary"]) == 0  # the failed run is tried again
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["status"] for r in recs] == ["failed", "ok"]
