@@ -6,7 +6,9 @@
 >>> pred = predict(model, guide, X_test, num_samples=100)
 """
 
-from . import datasets, guides, kernels, likelihoods, metrics
+from . import arviz, datasets, diagnostics, guides, kernels, likelihoods, metrics
+from .arviz import compare_guides, load_datatree, save_datatree, to_datatree, variational_pareto_k
+from .diagnostics import layer_summary, plot_diagnostics
 from .guides import complete, inducing_only
 from .layer import GPLayer
 from .linalg import CholeskyError, NumericalWarning
@@ -17,6 +19,15 @@ from .training import FitResult, TrainingDivergedError, fit
 __version__ = "0.1.0"
 
 __all__ = [
+    "arviz",
+    "compare_guides",
+    "diagnostics",
+    "layer_summary",
+    "load_datatree",
+    "plot_diagnostics",
+    "save_datatree",
+    "to_datatree",
+    "variational_pareto_k",
     "CholeskyError",
     "DeepGP",
     "FitResult",

@@ -60,6 +60,7 @@ __all__ = [
     "save_datatree",
     "load_datatree",
     "compare_guides",
+    "loo",
     "variational_pareto_k",
     "VariationalPSIS",
     "point_hyperparameters",
@@ -127,9 +128,7 @@ def _without_local_sites(trace):
 
 def f_sites(trace) -> list[tuple[str, dict]]:
     """The ``<layer>.f`` sites of a trace, in the order the model samples them."""
-    return [
-        (n, s) for n, s in trace.nodes.items() if s["type"] == "sample" and site_role(s) == "f"
-    ]
+    return [(n, s) for n, s in trace.nodes.items() if s["type"] == "sample" and site_role(s) == "f"]
 
 
 def _layer_name(f_name: str) -> str:
@@ -170,9 +169,7 @@ def point_hyperparameters(model, max_size: int = 64) -> dict[str, float | list]:
         return {}
     from .layer import GPLayer
 
-    renames = {
-        path: m.name for path, m in model.named_modules() if isinstance(m, GPLayer) and path
-    }
+    renames = {path: m.name for path, m in model.named_modules() if isinstance(m, GPLayer) and path}
     out = {}
     with torch.no_grad():
         for path, module in model.named_modules():
@@ -346,8 +343,10 @@ def to_datatree(
             layer_attrs[f"{lname}.kl"] = float(value)
     attrs = {
         "/": root,
-        "posterior": {"whitened": [whitened[n] for n in layer_names],
-                      "layer_order": list(layer_names)},
+        "posterior": {
+            "whitened": [whitened[n] for n in layer_names],
+            "layer_order": list(layer_names),
+        },
         "layers": layer_attrs,
     }
     return arviz_base.from_dict(data, dims=dims, coords=coords, attrs=attrs)
@@ -390,9 +389,48 @@ def load_datatree(path: str | os.PathLike, engine: str | None = None) -> xr.Data
 
 
 # ------------------------------------------------------------------------------ comparison
+def loo(dt: xr.DataTree, var_name: str | None = None, pointwise: bool = True):
+    """``arviz_stats.loo`` of one guide's DataTree, robust to draw-independent points.
+
+    Where the last layer's Gaussian does not depend on the draw (a one-layer model with a
+    collapsed guide: ``u`` is integrated out), every draw gives the same ``log p(y_i)`` and
+    Pareto smoothing cannot fit a tail; the exact answer there is uniform weights (k = 0),
+    which is what this passes to ``arviz_stats.loo`` for those points.
+    """
+    import arviz_stats
+
+    if "log_likelihood" not in dt.children:
+        raise ValueError("the DataTree has no log_likelihood group: build it with y")
+    group = dt["log_likelihood"]
+    if var_name is None:
+        names = [str(v) for v in group.data_vars]
+        if len(names) != 1:
+            raise ValueError(f"several observed variables {names}: pass var_name")
+        var_name = names[0]
+    ll = group[var_name]
+    sample = ("chain", "draw")
+    spread = ll.max(sample) - ll.min(sample)
+    flat = spread <= 1e-10 * (1 + abs(ll).max(sample))
+    if not bool(flat.any()):
+        return arviz_stats.loo(dt, pointwise=pointwise, var_name=var_name)
+    obs_dims = [d for d in ll.dims if d not in sample]
+    stacked = ll.stack(_point=obs_dims)
+    keep = ~flat.stack(_point=obs_dims).values
+    n = ll.sizes["chain"] * ll.sizes["draw"]
+    lw = xr.full_like(stacked, -math.log(n))
+    k = xr.zeros_like(stacked.isel(chain=0, draw=0, drop=True))
+    if keep.any():
+        part_lw, part_k = stacked.isel(_point=keep).azstats.psislw(r_eff=1.0, dim=list(sample))
+        lw[..., keep] = part_lw.transpose(*stacked.dims).values
+        k[keep] = part_k.values
+    lw = lw.unstack("_point").transpose(*ll.dims)
+    k = k.unstack("_point")
+    return arviz_stats.loo(dt, pointwise=pointwise, var_name=var_name, log_weights=lw, pareto_k=k)
+
+
 def compare_guides(datatrees: dict, method: str = "stacking", var_name: str | None = None):
-    """PSIS-LOO comparison of guides of one model: ``arviz_stats.compare`` on
-    ``{name: to_datatree(model, guide_name, X, y)}``.
+    """PSIS-LOO comparison of guides of one model: ``arviz_stats.compare`` of :func:`loo` of
+    each ``{name: to_datatree(model, guide, X, y)}``.
 
     :returns: a ``pandas.DataFrame`` ordered best first (column ``rank``: 0 is best; ``elpd``,
         ``elpd_diff``, ``weight``, ``se``...), as :func:`arviz_stats.compare`.
@@ -401,10 +439,8 @@ def compare_guides(datatrees: dict, method: str = "stacking", var_name: str | No
 
     if len(datatrees) < 2:
         raise ValueError("compare_guides needs at least two DataTrees")
-    for name, dt in datatrees.items():
-        if "log_likelihood" not in dt.children:
-            raise ValueError(f"DataTree {name!r} has no log_likelihood group: pass y")
-    return arviz_stats.compare(dict(datatrees), method=method, var_name=var_name)
+    elpds = {name: loo(dt, var_name=var_name) for name, dt in datatrees.items()}
+    return arviz_stats.compare(elpds, method=method)
 
 
 class VariationalPSIS:

@@ -147,20 +147,28 @@ def layer_kl(
 
 
 def _mc_kl(trace, lname: str, layer) -> float:
+    """``mean_s [log q(u^l_s) - log p(u^l_s)]`` from a guide trace; ``nan`` where the trace has
+    no per-layer density (``q`` joint over layers, e.g. a flow or a joint Gaussian)."""
     from .arviz import _unwrap
 
-    usite = trace.nodes.get(f"{lname}.u")
+    name = f"{lname}.u"
+    usite = trace.nodes.get(name)
     if usite is None or usite["type"] != "sample":
         return float("nan")
-    fn = _unwrap(usite["fn"])
-    base = fn
+    sites = [usite]
+    base = _unwrap(usite["fn"])
     while hasattr(base, "base_dist"):
         base = base.base_dist
     if type(base).__name__ == "Delta":
-        return float("nan")
+        # AutoNormal-style: an auxiliary '<name>_unconstrained' site holds the density, the
+        # Delta its log-Jacobian
+        aux = trace.nodes.get(f"{name}_unconstrained")
+        if aux is None or aux["type"] != "sample":
+            return float("nan")
+        sites.append(aux)
     with torch.no_grad():
         try:
-            log_q = usite["fn"].log_prob(usite["value"]).reshape(-1)
+            log_q = sum(s["fn"].log_prob(s["value"]).reshape(-1) for s in sites)
         except NotImplementedError:
             return float("nan")
         u = usite["value"]

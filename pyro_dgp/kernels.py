@@ -57,6 +57,16 @@ class Kernel(PyroModule):
     def forward(self, X1: torch.Tensor, X2: torch.Tensor | None = None, diag: bool = False):
         raise NotImplementedError
 
+    def conditional_parts(self, Z: torch.Tensor, X: torch.Tensor):
+        """``(K_ZZ, K_ZX, diag k(X, X))`` at once, what a GP conditional needs.
+
+        Subclasses read each hyperparameter once here: every read of a ``PyroParam`` is a
+        ``pyro.param`` statement through Pyro's effect handlers plus its constraint transform,
+        and a fresh autograd node, so three separate kernel calls would triple that work.
+        ``K_ZX`` may be ``None``, meaning zero (a ``White`` kernel).
+        """
+        return self(Z), self(Z, X), self(X, diag=True)
+
     def _check(self, X: torch.Tensor) -> None:
         if X.dim() < 2 or X.shape[-1] != self.input_dim:
             raise ValueError(
@@ -88,8 +98,10 @@ class Stationary(Kernel):
 
     def _scaled_sqdist(self, X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:
         ls = self.lengthscale
-        A = X1 / ls
-        B = X2 / ls
+        return self._sqdist(X1 / ls, X2 / ls)
+
+    def _sqdist(self, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+        """Squared distances between rows of inputs already divided by the lengthscales."""
         if self.exact_distance:
             # The expansion's cancellation error (~eps |a|^2) reaches exp(-r) at first order
             # through the square root; cdist without the matmul trick is exact near r = 0.
@@ -115,6 +127,17 @@ class Stationary(Kernel):
         else:
             self._check(X2)
         return var * self.profile(self._scaled_sqdist(X1, X2))
+
+    def conditional_parts(self, Z, X):
+        if type(self).forward is not Stationary.forward:  # a subclass with its own forward
+            return super().conditional_parts(Z, X)
+        self._check(Z)
+        self._check(X)
+        var, ls = self.variance, self.lengthscale  # one read each
+        Zs, Xs = Z / ls, X / ls
+        Kzz = var * self.profile(self._sqdist(Zs, Zs))
+        Kzx = var * self.profile(self._sqdist(Zs, Xs))
+        return Kzz, Kzx, var.expand(X.shape[:-1]).to(X.dtype)
 
 
 class RBF(Stationary):
@@ -199,6 +222,14 @@ class White(Kernel):
         eye = torch.eye(X1.shape[-2], dtype=X1.dtype, device=X1.device)
         return self.variance * eye.expand(X1.shape[:-2] + eye.shape)
 
+    def conditional_parts(self, Z, X):
+        self._check(Z)
+        self._check(X)
+        var = self.variance
+        eye = torch.eye(Z.shape[-2], dtype=Z.dtype, device=Z.device)
+        Kzz = var * eye.expand(Z.shape[:-2] + eye.shape)
+        return Kzz, None, var.expand(X.shape[:-1]).to(X.dtype)
+
 
 class _Combination(Kernel):
     def __init__(self, *kernels: Kernel):
@@ -215,10 +246,24 @@ class Sum(_Combination):
     """``k1 + k2 + ...``"""
 
     def forward(self, X1, X2=None, diag=False):
-        out = self.kernels[0](X1, X2, diag)
-        for k in self.kernels[1:]:
+        kernels = self.kernels
+        if X2 is not None and not diag:
+            # White is zero between distinct point sets: skip its (N, M) zeros and their add
+            # (the cross-covariance K_ZX of an inner DSVI layer is the hot path)
+            kernels = [k for k in kernels if not isinstance(k, White)] or kernels[:1]
+        out = kernels[0](X1, X2, diag)
+        for k in kernels[1:]:
             out = out + k(X1, X2, diag)
         return out
+
+    def conditional_parts(self, Z, X):
+        Kzz, Kzx, kxx = self.kernels[0].conditional_parts(Z, X)
+        for k in self.kernels[1:]:
+            kzz, kzx, kd = k.conditional_parts(Z, X)
+            Kzz, kxx = Kzz + kzz, kxx + kd
+            if kzx is not None:
+                Kzx = kzx if Kzx is None else Kzx + kzx
+        return Kzz, Kzx, kxx
 
 
 class Product(_Combination):

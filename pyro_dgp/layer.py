@@ -15,14 +15,18 @@ no conditional work at all.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import pyro
 import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
+from pyro.distributions.kl import _kl_independent_independent
 from pyro.distributions.util import broadcast_shape
+from pyro.infer.util import is_validation_enabled
 from pyro.nn import PyroModule, PyroParam
+from torch.distributions import register_kl
 
 from .conditional import conditional
 from .kernels import RBF, Kernel
@@ -40,6 +44,7 @@ __all__ = [
 
 #: ``msg["infer"]`` keys that tag layer sites for guides.
 ROLE, LAYER, INPUT, INDUCING = "dgp_role", "dgp_layer", "dgp_input", "dgp_u"
+SAMPLED_U_ONLY = "dgp_sampled_u_only"
 _MARGINAL_ATTR = "_pyro_dgp_marginal"
 
 
@@ -91,6 +96,49 @@ def _drop_data_dim(u: torch.Tensor) -> torch.Tensor:
     return u.squeeze(-3)
 
 
+class WhitenedPrior(dist.Independent):
+    """``N(0, I)`` over ``(D_out, M)``: a whitened layer's ``p(u)``.
+
+    It is ``Independent(MultivariateNormal(0, I), 1)`` (so code that reads ``.base_dist``
+    keeps working), with the log-density and the KL from a multivariate normal in closed form:
+    torch's MVN-MVN KL would solve triangular systems against ``I`` and its log_prob would
+    factorise ``I`` again at every step.
+    """
+
+    def __init__(self, output_dim: int, num_inducing: int, dtype=None, device=None):
+        loc = torch.zeros(output_dim, num_inducing, dtype=dtype, device=device)
+        eye = torch.eye(num_inducing, dtype=dtype, device=device)
+        base = dist.MultivariateNormal(loc, scale_tril=eye.expand(output_dim, -1, -1),
+                                       validate_args=False)
+        super().__init__(base, 1, validate_args=False)
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(WhitenedPrior, _instance)
+        return super().expand(batch_shape, _instance=new)
+
+    def log_prob(self, value):
+        D, M = self.event_shape
+        return -0.5 * value.square().sum((-2, -1)) - 0.5 * D * M * math.log(2 * math.pi)
+
+
+@register_kl(torch.distributions.Independent, WhitenedPrior)
+def _kl_to_whitened_prior(p, q):
+    """``KL(N(m, L L^T) || N(0, I))`` per row: ``0.5 (|L|_F^2 + |m|^2 - M) - sum log diag L``,
+    summed over the ``D_out`` rows (the event dim of ``p``)."""
+    base = p.base_dist
+    if (
+        p.reinterpreted_batch_ndims != 1
+        or not isinstance(base, torch.distributions.MultivariateNormal)
+        or p.event_shape != q.event_shape
+    ):
+        return _kl_independent_independent(p, q)
+    L, m = base._unbroadcasted_scale_tril, base.loc
+    kl_rows = 0.5 * (L.square().sum((-2, -1)) + m.square().sum(-1) - m.shape[-1])
+    kl_rows = kl_rows - L.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+    kl = kl_rows.expand(base.batch_shape).sum(-1)
+    return kl.expand(torch.broadcast_shapes(p.batch_shape, q.batch_shape))
+
+
 class FunctionMarginal(dist.Independent):
     """``N(loc, var)`` per point and output, event shape ``(D_out,)``.
 
@@ -98,19 +146,19 @@ class FunctionMarginal(dist.Independent):
     """
 
     def __init__(self, loc: torch.Tensor, var: torch.Tensor, validate_args=None):
-        super().__init__(dist.Normal(loc, var.sqrt()), 1, validate_args=False)
+        super().__init__(dist.Normal(loc, var.sqrt(), validate_args=False), 1,
+                         validate_args=False)
+        self.var = var  # kept, rather than recomputed as scale**2 (an extra autograd node)
 
     def rsample(self, sample_shape=torch.Size()):
         value = super().rsample(sample_shape)
         if not sample_shape:
-            normal = self.base_dist
-            attach_marginal(value, normal.loc, normal.scale**2)
+            attach_marginal(value, self.base_dist.loc, self.var)
         return value
 
     def expand(self, batch_shape, _instance=None):
         shape = torch.Size(batch_shape) + self.event_shape
-        normal = self.base_dist
-        return FunctionMarginal(normal.loc.expand(shape), (normal.scale**2).expand(shape))
+        return FunctionMarginal(self.base_dist.loc.expand(shape), self.var.expand(shape))
 
 
 class LayerConditional(dist.TorchDistribution):
@@ -161,6 +209,9 @@ class GPLayer(PyroModule):
     :param jitter: relative diagonal jitter for ``K_ZZ`` (default by dtype).
     :param name: site-name prefix; defaults to the attribute name in the parent module.
     :param train_inducing: learn Z (default) or keep it fixed.
+    :param function_values: ``u`` holds the function values ``f(Z)`` (prior ``N(m(Z), K_ZZ)``)
+        instead of the residual ``f(Z) - m(Z)``; needed when ``Z`` is random
+        (inducing points as inducing locations, seed 003 §4.2), unwhitened only.
     """
 
     def __init__(
@@ -175,6 +226,7 @@ class GPLayer(PyroModule):
         jitter: float | None = None,
         name: str | None = None,
         train_inducing: bool = True,
+        function_values: bool = False,
     ):
         super().__init__()
         for label, v in (("input_dim", input_dim), ("output_dim", output_dim)):
@@ -211,6 +263,12 @@ class GPLayer(PyroModule):
             raise ValueError(f"GPLayer: jitter must be positive, got {jitter}")
         self.jitter = jitter
         self._site_prefix = name
+        if function_values and self.whiten:
+            raise ValueError("GPLayer: function_values=True needs whiten=False")
+        self.function_values = bool(function_values)
+        self._random_Z = None  # inducing inputs of the current call when they are random
+        self.inducing_outputs = None  # (..., M, D_out) f(Z) of the last call, function_values
+        self.feeds_inducing_inputs = False  # set by models whose next layer uses f(Z) as its Z
 
     # ----------------------------------------------------------------------------- structure
     def _parse_mean(self, mean):
@@ -264,11 +322,33 @@ class GPLayer(PyroModule):
         return out
 
     # ------------------------------------------------------------------------------- algebra
+    def initial_u_loc(self) -> torch.Tensor:
+        """``(D_out, M)`` prior mean of ``u`` at the initial inducing inputs: ``m(Z)`` where ``u``
+        holds function values, else 0. Guides start their means here."""
+        Z = self.inducing_points.detach()
+        if self.function_values:
+            with torch.no_grad():
+                return self.mean_function(Z).mT.contiguous()
+        return Z.new_zeros(self.output_dim, Z.shape[-2])
+
+    def _stored_inducing_points(self) -> torch.Tensor:
+        """Z as stored, without a ``pyro.param`` statement: for its shape, dtype, device only."""
+        Z = self._parameters.get("inducing_points_unconstrained")
+        if Z is None:
+            Z = self._buffers.get("inducing_points")
+        return Z if Z is not None else self.inducing_points
+
+    def current_inducing_inputs(self) -> torch.Tensor:
+        """``(M, D_in)``, or ``(..., M, D_in)`` where this call's inducing inputs are random."""
+        return self._random_Z if self._random_Z is not None else self.inducing_points
+
     def kzz_cholesky(self) -> torch.Tensor:
-        """``(M, M)`` lower Cholesky factor of ``K_ZZ`` (with jitter, escalated on failure)."""
-        Z = self.inducing_points
-        jitter = self.jitter if self.jitter is not None else default_jitter(Z.dtype)
-        return cholesky(self.kernel(Z), jitter=jitter, name=f"layer '{self.name}'")
+        """``(..., M, M)`` lower Cholesky factor of ``K_ZZ`` (jitter escalated on failure)."""
+        return self._factor(self.kernel(self.current_inducing_inputs()))
+
+    def _factor(self, Kzz: torch.Tensor) -> torch.Tensor:
+        jitter = self.jitter if self.jitter is not None else default_jitter(Kzz.dtype)
+        return cholesky(Kzz, jitter=jitter, name=f"layer '{self.name}'")
 
     def conditional(
         self,
@@ -284,42 +364,76 @@ class GPLayer(PyroModule):
         :param u_scale_tril: ``(..., D_out, M, M)`` or ``None``.
         :returns: ``(loc, var)``, each ``(..., N, D_out)``, the mean function included.
         """
+        Z = self.current_inducing_inputs()  # read once: a PyroParam read is a pyro.param call
+        # K_ZZ, K_ZX and k(x, x) with each kernel hyperparameter read once
+        Kzz, Kzx, kxx = self.kernel.conditional_parts(Z, x)
+        if Kzx is None:  # a white-noise-only kernel
+            batch = torch.broadcast_shapes(Z.shape[:-2], x.shape[:-2])
+            Kzx = Z.new_zeros(batch + (Z.shape[-2], x.shape[-2]))
         if Lzz is None:
-            Lzz = self.kzz_cholesky()
-        Z = self.inducing_points
-        loc, var = conditional(
-            self.kernel(Z, x), Lzz, self.kernel(x, diag=True), u_loc, u_scale_tril, self.whiten
-        )
+            Lzz = self._factor(Kzz)
+        if self.function_values:
+            u_loc = u_loc - self.mean_function(Z).mT
+        loc, var = conditional(Kzx, Lzz, kxx, u_loc, u_scale_tril, self.whiten)
         return loc + self.mean_function(x), var
 
     def prior(self) -> dist.Distribution:
-        """``p(u)``: event shape ``(D_out, M)``."""
-        Z = self.inducing_points
+        """``p(u)``: event shape ``(D_out, M)`` (batched like random inducing inputs)."""
+        if self.whiten and self._random_Z is None:
+            # N(0, I) needs only Z's size, dtype and device: no pyro.param read of Z
+            Z = self._stored_inducing_points()
+            return WhitenedPrior(self.output_dim, Z.shape[-2], dtype=Z.dtype, device=Z.device)
+        Z = self.current_inducing_inputs()
         M = Z.shape[-2]
-        loc = Z.new_zeros(self.output_dim, M)
-        if self.whiten:
-            tril = torch.eye(M, dtype=Z.dtype, device=Z.device)
+        tril = self.kzz_cholesky()
+        if self.function_values:
+            loc = self.mean_function(Z).mT
         else:
-            tril = self.kzz_cholesky()
-        return dist.MultivariateNormal(loc, scale_tril=tril.expand(self.output_dim, M, M)).to_event(
-            1
-        )
+            loc = Z.new_zeros(self.output_dim, M)
+        if Z.dim() > 2:  # random Z: put back the data plate's singleton dim
+            loc, tril = loc.unsqueeze(-3), tril.unsqueeze(-3)
+        loc = loc.expand(torch.broadcast_shapes(loc.shape[:-2], tril.shape[:-2]) + loc.shape[-2:])
+        tril = tril.unsqueeze(-3).expand(loc.shape + (M,))
+        return dist.MultivariateNormal(loc, scale_tril=tril).to_event(1)
 
     # ------------------------------------------------------------------------------- model
-    def forward(self, x: torch.Tensor, plate: pyro.plate | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        plate: pyro.plate | None = None,
+        inducing_inputs: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Sample ``<name>.u`` then ``<name>.f`` at ``x``.
 
         :param x: ``(..., N, D_in)`` layer inputs (the data, or the previous layer's ``f``).
         :param plate: the model's data plate (dim -1); a plate of size N is made if omitted.
+        :param inducing_inputs: ``(..., M, D_in)`` random inducing inputs for this call (the
+            previous layer's ``inducing_outputs``); needs ``function_values=True``.
         :returns: ``f`` of shape ``(..., N, D_out)``.
         """
-        check_inputs(x, self.input_dim, f"layer '{self.name}' input")
+        if is_validation_enabled():  # a pass over x and a host sync: not in fit's hot loop
+            check_inputs(x, self.input_dim, f"layer '{self.name}' input")
+        if inducing_inputs is not None and not self.function_values:
+            raise ValueError(
+                f"layer '{self.name}': random inducing inputs need function_values=True"
+            )
         name = self.name
         sample_hyperparameters(self)
-        u = _drop_data_dim(pyro.sample(f"{name}.u", self.prior(), infer={ROLE: "u", LAYER: self}))
-        if plate is None:
-            plate = pyro.plate(f"{name}.data", x.shape[-2], dim=-1)
-        with plate:
-            fn = LayerConditional(self, x, u).mask(False)
-            infer = {ROLE: "f", LAYER: self, INPUT: x, INDUCING: u}
-            return pyro.sample(f"{name}.f", fn, infer=infer)
+        self._random_Z = inducing_inputs
+        try:
+            u = pyro.sample(f"{name}.u", self.prior(), infer={ROLE: "u", LAYER: self})
+            u = _drop_data_dim(u)
+            if self.function_values:
+                self.inducing_outputs = u.mT
+            if plate is None:
+                plate = pyro.plate(f"{name}.data", x.shape[-2], dim=-1)
+            with plate:
+                fn = LayerConditional(self, x, u).mask(False)
+                infer = {ROLE: "f", LAYER: self, INPUT: x, INDUCING: u}
+                if self.feeds_inducing_inputs:
+                    # u is also the next layer's inducing input: guides must draw f given the
+                    # sampled u (a collapsed f would lose its dependence on that input)
+                    infer[SAMPLED_U_ONLY] = True
+                return pyro.sample(f"{name}.f", fn, infer=infer)
+        finally:
+            self._random_Z = None

@@ -36,8 +36,6 @@ def cholesky(
         :class:`CholeskyError` naming ``name`` (the layer) is raised.
     :returns: ``(..., M, M)`` lower-triangular ``L`` with ``L L^T = K + jitter I``.
     """
-    if not torch.isfinite(K).all():
-        raise CholeskyError(f"{name}: the covariance matrix contains NaN or inf")
     if jitter is None:
         jitter = default_jitter(K.dtype)
     eye = torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
@@ -55,6 +53,10 @@ def cholesky(
                     stacklevel=2,
                 )
             return L
+        if attempt == 0 and not bool(torch.isfinite(K).all()):
+            # checked only on failure (NaN/inf make the factorisation fail): no extra pass and
+            # host sync over K on the hot path
+            raise CholeskyError(f"{name}: the covariance matrix contains NaN or inf")
         current = max(current, 1e-12) * 10
     raise CholeskyError(
         f"{name}: Cholesky failed even with relative jitter {current / 10:.1e} after "

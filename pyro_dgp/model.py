@@ -83,9 +83,15 @@ class DeepGP(PyroModule):
         input_dim, the last has output_dim 1.
     :param likelihood: a :class:`~pyro_dgp.likelihoods.Likelihood`.
     :param num_data: N, the size of the full training set (``None``: each call's B).
+    :param inducing: ``"fixed"`` (DSVI: every layer has its own inducing inputs) or
+        ``"locations"`` (seed 003 §4.2: only the first layer's inducing inputs ``z`` exist;
+        layer l's inducing inputs are layer l-1's values ``f^z_{l-1}``, so its prior is
+        ``p(f^z_l | f^z_{l-1}) = N(m_l(f^z_{l-1}), k_l(f^z_{l-1}, f^z_{l-1}))``). Its layers
+        hold function values (``function_values=True``, unwhitened).
     """
 
-    def __init__(self, layers, likelihood: Likelihood, num_data: int | None = None, name=None):
+    def __init__(self, layers, likelihood: Likelihood, num_data: int | None = None, name=None,
+                 inducing: str = "fixed"):
         super().__init__(name=name if name is not None else unique_name("DeepGP"))
         layers = list(layers)
         if not layers:
@@ -102,6 +108,19 @@ class DeepGP(PyroModule):
         names = [layer.name for layer in layers]
         if len(set(names)) != len(names):
             raise ValueError(f"layer names must be unique, got {names}")
+        if inducing not in ("fixed", "locations"):
+            raise ValueError(f"inducing must be 'fixed' or 'locations', got {inducing!r}")
+        if inducing == "locations":
+            bad = [layer.name for layer in layers if not layer.function_values]
+            if bad:
+                raise ValueError(
+                    f"inducing='locations' needs layers with function_values=True: {bad}"
+                )
+            for a, b in zip(layers[:-1], layers[1:], strict=False):
+                if a.num_inducing != b.num_inducing:
+                    raise ValueError("inducing='locations' needs the same M in every layer")
+                a.feeds_inducing_inputs = True
+        self.inducing = inducing
         self.layers = PyroModule[torch.nn.ModuleList](layers)
         self.likelihood = likelihood
         self.num_data = num_data
@@ -115,9 +134,13 @@ class DeepGP(PyroModule):
         B = X.shape[-2]
         N = self.num_data if self.num_data is not None and self.num_data >= B else B
         plate = pyro.plate("data", N, subsample=torch.arange(B, device=X.device), dim=-1)
-        h = X
+        h, Z = X, None
         for layer in self.layers:
-            h = layer(h, plate=plate)
+            h = layer(h, plate=plate, inducing_inputs=Z)
+            if self.inducing == "locations":
+                # seed 003 §4.2: this layer's values at its inducing inputs are the next
+                # layer's inducing inputs
+                Z = layer.inducing_outputs
         sample_hyperparameters(self.likelihood)
         with plate:
             return self.likelihood(h, y)
@@ -141,6 +164,7 @@ class DeepGP(PyroModule):
         jitter: float | None = None,
         seed: int = 0,
         name: str | None = None,
+        inducing: str = "fixed",
     ) -> DeepGP:
         """A DSVI deep GP initialised as in REFERENCE.md §1.
 
@@ -152,6 +176,7 @@ class DeepGP(PyroModule):
         :param X: ``(N, D)`` training inputs; :param y: ``(N,)`` training targets.
         :param hidden_dim: width of inner layers, default ``min(30, D)``.
         :param likelihood: ``"gaussian"``, ``"studentt"``, ``"probit"`` or an instance.
+        :param inducing: ``"fixed"`` or ``"locations"`` (see :class:`DeepGP`; unwhitened).
         """
         check_inputs(X)
         if X.dim() != 2:
@@ -179,12 +204,15 @@ class DeepGP(PyroModule):
                 likelihood = makers[likelihood]()
             model = cls._build_stack(X, likelihood, num_layers, hidden, M, kernel, whiten,
                                      inner_noise, kernel_variance, lengthscale, jitter, seed,
-                                     name)
+                                     name, inducing)
         return model.to(device=X.device, dtype=X.dtype)
 
     @classmethod
     def _build_stack(cls, X, likelihood, num_layers, hidden, M, kernel, whiten, inner_noise,
-                     kernel_variance, lengthscale, jitter, seed, name) -> DeepGP:
+                     kernel_variance, lengthscale, jitter, seed, name, inducing) -> DeepGP:
+        locations = inducing == "locations"
+        if locations:
+            whiten = False
         N, D = X.shape
         dims = [D] + [hidden] * (num_layers - 1) + [1]
         Z = _kmeans(X, M, seed)
@@ -197,11 +225,14 @@ class DeepGP(PyroModule):
             mean = "zero" if last else _linear_mean(H, d_out)
             layers.append(
                 GPLayer(d_in, d_out, inducing_points=Z, kernel=kern, mean=mean, whiten=whiten,
-                        jitter=jitter, name=f"layer{i + 1}")
+                        jitter=jitter, name=f"layer{i + 1}", function_values=locations,
+                        # with locations, inner Z are random (the previous layer's f^z): the
+                        # stored Z only sets the guides' initial means
+                        train_inducing=not (locations and i > 0))
             )
             if not last:
                 Z, H = Z @ mean, H @ mean
-        return cls(layers, likelihood, num_data=N, name=name)
+        return cls(layers, likelihood, num_data=N, name=name, inducing=inducing)
 
     @classmethod
     def classification(cls, X: torch.Tensor, y: torch.Tensor, **kwargs) -> DeepGP:

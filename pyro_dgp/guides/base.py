@@ -23,7 +23,7 @@ from pyro.nn import PyroModule
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
 
-from ..layer import LAYER, FunctionMarginal, GPLayer, site_role
+from ..layer import LAYER, SAMPLED_U_ONLY, FunctionMarginal, GPLayer, site_role
 from ..model import unique_name
 
 __all__ = ["LayerGuide", "LayerSite", "mvn_site", "prototype_sites"]
@@ -91,7 +91,11 @@ class _Redirect(Messenger):
                 msg["fn"], msg["is_observed"], msg["value"] = q, False, None
         elif role == "f":
             infer = msg["infer"]
-            loc, var = self.guide.f_marginal(site, infer["dgp_input"], infer["dgp_u"])
+            x, u = infer["dgp_input"], infer["dgp_u"]
+            if infer.get(SAMPLED_U_ONLY):
+                loc, var = LayerGuide.f_marginal(self.guide, site, x, u)
+            else:
+                loc, var = self.guide.f_marginal(site, x, u)
             msg["fn"] = FunctionMarginal(loc, var).mask(False)
             msg["is_observed"], msg["value"] = False, None
         elif msg["name"] in self.guide._supplied:

@@ -117,6 +117,17 @@ class JointGaussian(LayerGuide):
 
     mean_field = True  # TraceMeanField_ELBO is exact here: the KL is analytic (module docstring)
 
+    def setup(self, *args, **kwargs) -> None:
+        super().setup(*args, **kwargs)
+        bad = [s.name for s in self.layer_sites if s.layer.function_values]
+        if bad:
+            raise ValueError(
+                f"{type(self).__name__}: layers {bad} hold function values at random inducing "
+                "inputs (inducing='locations'), whose prior depends on the layer below; this "
+                "guide's closed-form KL assumes fixed inducing inputs. Use MeanField (the "
+                "guide of seed 003 §4.2) for that model."
+            )
+
     def _offsets(self) -> list[int]:
         out, total = [], 0
         for site in self.layer_sites:
@@ -200,7 +211,7 @@ class Coupled(JointGaussian):
         blocks = self._init_blocks()
         ref = blocks[0]
         T = self.dim
-        self.loc = PyroParam(ref.new_zeros(T))
+        self.loc = PyroParam(torch.cat([s.layer.initial_u_loc().reshape(-1) for s in sites]))
         if self.rank is None:
             self.scale_tril = PyroParam(torch.block_diag(*[b for blk in blocks for b in blk]),
                                         constraints.lower_cholesky)
@@ -243,7 +254,7 @@ class Chain(JointGaussian):
     def _setup_sites(self, sites):
         for site, blk in zip(sites, self._init_blocks(), strict=True):
             n = site.shape.numel()
-            deep_setattr(self.locs, site.name, PyroParam(blk.new_zeros(n)))
+            deep_setattr(self.locs, site.name, PyroParam(site.layer.initial_u_loc().reshape(n)))
             deep_setattr(self.scale_trils, site.name,
                          PyroParam(torch.block_diag(*blk), constraints.lower_cholesky))
             if site.index > 0:

@@ -9,6 +9,7 @@ import torch
 from pyro.distributions import constraints
 from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
+from pyro.poutine.runtime import _PYRO_STACK
 
 from .base import LayerGuide, LayerSite, mvn_site
 
@@ -49,6 +50,7 @@ class MeanField(LayerGuide):
             raise ValueError(f"MeanField: inner_variance must be positive, got {inner_variance}")
         self.collapsed = bool(collapsed)
         self.inner_variance = float(inner_variance)
+        self._run_q: dict = {}
         self.locs = PyroModule()
         self.scale_trils = PyroModule()
 
@@ -57,7 +59,7 @@ class MeanField(LayerGuide):
             layer = site.layer
             Z = layer.inducing_points.detach()
             D, M = site.shape
-            loc = Z.new_zeros(D, M)
+            loc = layer.initial_u_loc()
             if not site.is_last:
                 tril = math.sqrt(self.inner_variance) * torch.eye(M, dtype=Z.dtype, device=Z.device)
             elif layer.whiten:
@@ -95,11 +97,24 @@ class MeanField(LayerGuide):
                 unconstrained = getattr(module, leaf + "_unconstrained")
                 unconstrained.copy_(torch.distributions.transform_to(constraint).inv(value))
 
+    def _before_run(self, *args, **kwargs):
+        super()._before_run(*args, **kwargs)
+        # q(u) as read at this run's `.u` sites, reused by its `.f` sites: each read is two
+        # pyro.param statements and a lower-Cholesky transform (and its backward)
+        self._run_q = {}
+
+    def _running(self) -> bool:
+        """Whether this guide's own run (its _Redirect messenger) is on Pyro's stack."""
+        return any(getattr(m, "guide", None) is self for m in _PYRO_STACK)
+
     def u_site(self, site):
-        return mvn_site(*self.q_params(site))
+        loc, scale_tril = self.q_params(site)
+        self._run_q[site.name] = (loc, scale_tril)
+        return mvn_site(loc, scale_tril)
 
     def f_marginal(self, site, x, u):
         if self.collapsed:
-            loc, scale_tril = self.q_params(site)
+            q = self._run_q.get(site.name) if self._running() else None
+            loc, scale_tril = q if q is not None else self.q_params(site)
             return site.layer.conditional(x, loc, scale_tril)
         return site.layer.conditional(x, u)
