@@ -1,4 +1,4 @@
-"""The ``pyro-dgp`` command line: ``demo``, ``fit``, ``evaluate``."""
+"""The ``pyro-dgp`` command line: ``demo``, ``fit``, ``evaluate``, ``bench``."""
 
 from __future__ import annotations
 
@@ -79,6 +79,8 @@ def cmd_demo(args) -> int:
         rows.append(row)
         preds[f"{label}, {guide_name}"] = pred
         save_fit(out / f"fit_{layers}layer_{guide_name}.pt", model, guide, config)
+        if not args.no_plots and layers > 1:
+            _write_diagnostics(model, guide, data, out, prefix=f"{layers}layer_{guide_name}_")
     print("Step function, test set of 200 points (lower NLL/RMSE/CRPS is better):")
     print(_table(rows, ["model", "guide", "nll", "rmse", "crps", "coverage95", "elbo/N",
                         "seconds"]))
@@ -87,6 +89,24 @@ def cmd_demo(args) -> int:
         _plot_predictions(data, preds, out / "predictions.png")
     print(f"results, fits and plots written to {out}/")
     return 0
+
+
+def _write_diagnostics(model, guide, data, out: Path, prefix: str) -> None:
+    """ArviZ DataTree (NetCDF) and per-layer diagnostic PNGs of one fit."""
+    from .arviz import save_datatree, to_datatree
+    from .diagnostics import layer_summary, plot_diagnostics
+
+    grid = None
+    if data.X_train.shape[-1] == 1:
+        lo, hi = float(data.X_train.min()), float(data.X_train.max())
+        grid = torch.linspace(lo, hi, 100, dtype=data.X_train.dtype,
+                              device=data.X_train.device).unsqueeze(-1)
+    dt = to_datatree(model, guide, data.X_train, data.y_train, num_samples=100, grid=grid,
+                     seed=0)
+    save_datatree(dt, out / f"{prefix}datatree.nc")
+    plot_diagnostics(dt, out, prefix=prefix)
+    print(f"{prefix.rstrip('_')}: per-layer summary")
+    print(layer_summary(dt).to_string())
 
 
 def _plot_predictions(data, preds, path: Path) -> None:
@@ -172,7 +192,21 @@ def cmd_evaluate(args) -> int:
     classification = cfg["model"].get("task") == "classification"
     scores = _evaluate(model, guide, data, args.samples, classification, args.seed)
     print(json.dumps(scores, indent=2))
+    if args.plots:
+        out = Path(args.plots)
+        out.mkdir(parents=True, exist_ok=True)
+        _write_diagnostics(model, guide, data, out, prefix="")
     return 0
+
+
+def cmd_bench(args, rest: list[str]) -> int:
+    if args.suite == "uci":
+        from .bench.uci import main as run
+    elif args.suite == "speed":
+        from .bench.speed import main as run
+    else:
+        from .bench.compositional import main as run
+    return run(rest)
 
 
 # ------------------------------------------------------------------------------------ parser
@@ -224,13 +258,25 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("evaluate", help="score a saved fit on its test split")
     e.add_argument("fit", help="fit.pt written by 'pyro-dgp fit'")
     data_args(e, required=False)
+    e.add_argument("--plots", metavar="DIR",
+                   help="also write the ArviZ DataTree and per-layer diagnostic PNGs here")
     e.set_defaults(func=cmd_evaluate)
+
+    b = sub.add_parser("bench", help="benchmarks: uci | speed | compositional (options after "
+                                     "the suite name go to it; see 'pyro-dgp bench uci -h')",
+                       add_help=False)
+    b.add_argument("suite", choices=["uci", "speed", "compositional"])
+    b.set_defaults(func=cmd_bench)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args, rest = build_parser().parse_known_args(argv)
     try:
+        if args.command == "bench":
+            return cmd_bench(args, rest)
+        if rest:
+            build_parser().parse_args(argv)  # reports the unknown arguments and exits
         return args.func(args)
     except (ValueError, FileNotFoundError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)

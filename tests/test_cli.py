@@ -23,6 +23,9 @@ def test_demo_runs_and_writes_results(tmp_path, capsys):
     rows = json.loads((tmp_path / "results.json").read_text())
     assert len(rows) == 3 and all("rmse" in r for r in rows)
     assert (tmp_path / "predictions.png").stat().st_size > 1000
+    pngs = sorted(p.name for p in tmp_path.glob("2layer_meanfield_*.png"))
+    assert len(pngs) >= 3 and all((tmp_path / p).stat().st_size > 1000 for p in pngs)
+    assert (tmp_path / "2layer_meanfield_datatree.nc").exists()
 
 
 @needs_uci
@@ -38,6 +41,26 @@ def test_fit_then_evaluate_reproduces_the_numbers(tmp_path, capsys):
     evaluated = json.loads(capsys.readouterr().out)
     for k in ("nll", "rmse", "crps", "coverage95"):
         assert evaluated[k] == pytest.approx(fitted[k], rel=1e-9), k
+    assert main(["evaluate", str(tmp_path / "fit.pt"), "--data-dir", str(DATA),
+                 "--samples", "5", "--plots", str(tmp_path / "plots")]) == 0
+    assert list((tmp_path / "plots").glob("*.png"))  # 13-D inputs: the hyperparameter plot
+    assert (tmp_path / "plots" / "datatree.nc").exists()
+
+
+@needs_uci
+def test_bench_uci_from_the_command_line(tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    assert main(["bench", "uci", "--datasets", "boston", "--layers", "2", "--splits", "1",
+                 "--steps", "3", "--samples", "3", "--inducing", "5", "--data-dir", str(DATA),
+                 "--out", str(out), "--checkpoint-dir", str(tmp_path / "ck"), "--quiet"]) == 0
+    assert len(out.read_text().splitlines()) == 1
+
+
+def test_bench_compositional_from_the_command_line(tmp_path):
+    assert main(["bench", "compositional", "--trials", "1", "--steps", "3", "--families",
+                 "mean-field", "chain", "--out", str(tmp_path)]) == 0
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 2
+    assert (tmp_path / "layer_paths.png").stat().st_size > 1000
 
 
 def test_fit_with_a_csv_and_a_bad_target_names_the_column(tmp_path, capsys):

@@ -50,6 +50,7 @@ import math
 import os
 import platform
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -565,8 +566,7 @@ def main(argv=None) -> int:
     table = _table(rows, names)
     print("\n".join(table))
     if args.append:
-        cmd = "python benchmarks/speed.py " + " ".join(
-            a for a in (sys.argv[1:] if argv is None else argv))
+        cmd = "python benchmarks/speed.py " + shlex.join(sys.argv[1:] if argv is None else argv)
         mem = ("peak MiB: the step's transient memory (RSS high-water mark over the step minus "
                "RSS before it, fresh process per cell)" if args.device == "cpu" else
                "peak MiB: torch.cuda.max_memory_allocated over the step minus allocated before")
