@@ -110,9 +110,10 @@ def layer_kl(
     """``{layer: KL(q(u^l) || p(u^l))}`` for every GP layer of ``model``.
 
     Closed form where the guide's marginal ``q(u^l)`` is a known Gaussian: :class:`MeanField`
-    (its ``q_params``), and completed Pyro autoguides ``AutoNormal``,
-    ``AutoMultivariateNormal``, ``AutoLowRankMultivariateNormal``, ``AutoDiagonalNormal`` (the
-    block of ``get_posterior()``; a joint guide's per-layer marginal). Otherwise a Monte Carlo
+    (its ``q_params``), :class:`Coupled` and :class:`Chain` (each layer's block), and completed
+    Pyro autoguides ``AutoNormal``, ``AutoMultivariateNormal``,
+    ``AutoLowRankMultivariateNormal``, ``AutoDiagonalNormal`` (the block of
+    ``get_posterior()``; a joint guide's per-layer marginal). Otherwise a Monte Carlo
     estimate ``mean_s [log q(u^l_s) - log p(u^l_s)]`` over draws of the guide, where the guide
     trace has a per-layer density at ``<layer>.u``; ``nan`` where it has none (e.g. a flow,
     whose density is joint over the layers).
@@ -120,7 +121,7 @@ def layer_kl(
     :param trace: a guide trace under ``pyro.plate("_predictive_samples", S, dim=-2)`` to reuse
         (as :func:`~pyro_dgp.arviz.to_datatree` does); else one is drawn (``num_samples``).
     """
-    from .guides import MeanField
+    from .guides import JointGaussian, MeanField
 
     if trace is None:
         devices = [X.device] if X.device.type == "cuda" else []
@@ -135,6 +136,8 @@ def layer_kl(
         for site in guide.layer_sites:
             loc, tril = guide.q_params(site)
             gaussians[site.name] = (loc.reshape(-1), torch.block_diag(*(tril @ tril.mT)))
+    elif isinstance(guide, JointGaussian):  # Coupled, Chain: each layer's block
+        gaussians = {site.name: guide.marginal(site) for site in guide.layer_sites}
     elif hasattr(guide, "inner"):
         gaussians = _completed_gaussians(guide.inner, names)
     out = {}

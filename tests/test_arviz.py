@@ -40,6 +40,10 @@ def _guide(kind, model):
         return dgp.guides.MeanField(model, collapsed=False)
     if kind == "automvn":
         return dgp.complete(AutoMultivariateNormal(dgp.inducing_only(model)), model)
+    if kind == "coupled":
+        return dgp.guides.Coupled(model)
+    if kind == "chain":
+        return dgp.guides.Chain(model)
     return dgp.complete(AutoNormal(dgp.inducing_only(model)), model)
 
 
@@ -118,7 +122,9 @@ def test_zarr_needs_zarr(tmp_path):
         xr.testing.assert_equal(back["posterior"].to_dataset(), dt["posterior"].to_dataset())
 
 
-@pytest.mark.parametrize("kind", ["meanfield", "meanfield-sampled", "automvn", "autonormal"])
+@pytest.mark.parametrize(
+    "kind", ["meanfield", "meanfield-sampled", "automvn", "autonormal", "coupled", "chain"]
+)
 def test_log_likelihood_is_the_predictive_mixture(kind):
     model, guide, X, y = _fitted(kind, steps=20)
     S = 25

@@ -171,3 +171,20 @@ def test_forest_plot_of_bayesian_hyperparameters(tmp_path):
         guide(X, y)
     dt = to_datatree(model, guide, X, y, num_samples=50, seed=0)
     _check_png(plot_hyperparameters(dt, tmp_path / "forest.png"))
+
+
+@pytest.mark.parametrize("Guide", [dgp.guides.Coupled, dgp.guides.Chain])
+def test_joint_guides_per_layer_kl_is_the_block_marginal_kl(Guide):
+    """Per-layer KLs of a joint guide are its block marginals' KLs: they sum to at most the
+    joint KL (the gap is the total correlation), with equality while the layers are
+    uncorrelated (at initialisation)."""
+    model, X, y = _model()
+    guide = Guide(model)
+    with torch.no_grad():
+        guide(X)
+    kl = layer_kl(model, guide, X)
+    assert sum(kl.values()) == pytest.approx(float(guide.kl().detach()), rel=1e-9)
+    dgp.fit(model, guide, X, y, num_steps=40, lr=0.05, progress=False)
+    kl = layer_kl(model, guide, X)
+    assert all(v >= 0 for v in kl.values())
+    assert sum(kl.values()) <= float(guide.kl().detach()) + 1e-9

@@ -172,6 +172,17 @@ class JointGaussian(LayerGuide):
                                            device=mean.device)
         return v
 
+    def marginal(self, site: LayerSite) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mean (n,), covariance (n, n))`` of layer ``site``'s block ``q(vec u^l)``."""
+        mean, R, d, _ = self.factor()
+        lo = self._offsets()[site.index]
+        hi = lo + site.shape.numel()
+        Rb = R[lo:hi]
+        cov = Rb @ Rb.mT
+        if d is not None:
+            cov = cov + torch.diag(d[lo:hi])
+        return mean[lo:hi], cov
+
     def kl(self) -> torch.Tensor:
         """``KL(q(U) || p(U))``, closed form."""
         mean, R, d, logdet = self.factor()
