@@ -45,6 +45,24 @@ def _positive(value, shape=None) -> torch.Tensor:
     return t
 
 
+def _matrix_scale(v: torch.Tensor) -> torch.Tensor:
+    """A scalar hyperparameter drawn per sample (a ``PyroSample`` under outer plates) has batch
+    shape ``(..., 1)``, its last dim the data plate's singleton; as a factor of ``(..., N, M)``
+    matrices it must be ``(..., 1, 1)``."""
+    return v.unsqueeze(-1) if v.dim() else v
+
+
+def _pointwise(v: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    """A scalar hyperparameter broadcast to ``X``'s points, ``(..., N)``."""
+    return v.expand(torch.broadcast_shapes(v.shape, X.shape[:-1])).to(X.dtype)
+
+
+def _per_dim(v: torch.Tensor) -> torch.Tensor:
+    """An ARD hyperparameter ``(D,)`` or ``(..., 1, D)`` per sample, shaped to divide
+    ``(..., N, M, D)`` pairwise differences."""
+    return v.unsqueeze(-2) if v.dim() > 1 else v
+
+
 class Kernel(PyroModule):
     """Base class: ``input_dim`` is the size D of the last input dimension."""
 
@@ -121,12 +139,12 @@ class Stationary(Kernel):
         self._check(X1)
         var = self.variance
         if diag:
-            return var.expand(X1.shape[:-1]).to(X1.dtype)
+            return _pointwise(var, X1)
         if X2 is None:
             X2 = X1
         else:
             self._check(X2)
-        return var * self.profile(self._scaled_sqdist(X1, X2))
+        return _matrix_scale(var) * self.profile(self._scaled_sqdist(X1, X2))
 
     def conditional_parts(self, Z, X):
         if type(self).forward is not Stationary.forward:  # a subclass with its own forward
@@ -135,9 +153,10 @@ class Stationary(Kernel):
         self._check(X)
         var, ls = self.variance, self.lengthscale  # one read each
         Zs, Xs = Z / ls, X / ls
-        Kzz = var * self.profile(self._sqdist(Zs, Zs))
-        Kzx = var * self.profile(self._sqdist(Zs, Xs))
-        return Kzz, Kzx, var.expand(X.shape[:-1]).to(X.dtype)
+        scale = _matrix_scale(var)
+        Kzz = scale * self.profile(self._sqdist(Zs, Zs))
+        Kzx = scale * self.profile(self._sqdist(Zs, Xs))
+        return Kzz, Kzx, _pointwise(var, X)
 
 
 class RBF(Stationary):
@@ -190,14 +209,14 @@ class Periodic(Kernel):
     def forward(self, X1, X2=None, diag=False):
         self._check(X1)
         if diag:
-            return self.variance.expand(X1.shape[:-1]).to(X1.dtype)
+            return _pointwise(self.variance, X1)
         if X2 is None:
             X2 = X1
         else:
             self._check(X2)
         diff = X1.unsqueeze(-2) - X2.unsqueeze(-3)  # (..., N, M, D)
-        s = torch.sin(math.pi * diff / self.period) / self.lengthscale
-        return self.variance * torch.exp(-2 * (s * s).sum(-1))
+        s = torch.sin(math.pi * diff / _per_dim(self.period)) / _per_dim(self.lengthscale)
+        return _matrix_scale(self.variance) * torch.exp(-2 * (s * s).sum(-1))
 
 
 class White(Kernel):
@@ -214,21 +233,21 @@ class White(Kernel):
     def forward(self, X1, X2=None, diag=False):
         self._check(X1)
         if diag:
-            return self.variance.expand(X1.shape[:-1]).to(X1.dtype)
+            return _pointwise(self.variance, X1)
         if X2 is not None:
             self._check(X2)
             shape = torch.broadcast_shapes(X1.shape[:-2], X2.shape[:-2])
             return X1.new_zeros(shape + (X1.shape[-2], X2.shape[-2]))
         eye = torch.eye(X1.shape[-2], dtype=X1.dtype, device=X1.device)
-        return self.variance * eye.expand(X1.shape[:-2] + eye.shape)
+        return _matrix_scale(self.variance) * eye.expand(X1.shape[:-2] + eye.shape)
 
     def conditional_parts(self, Z, X):
         self._check(Z)
         self._check(X)
         var = self.variance
         eye = torch.eye(Z.shape[-2], dtype=Z.dtype, device=Z.device)
-        Kzz = var * eye.expand(Z.shape[:-2] + eye.shape)
-        return Kzz, None, var.expand(X.shape[:-1]).to(X.dtype)
+        Kzz = _matrix_scale(var) * eye.expand(Z.shape[:-2] + eye.shape)
+        return Kzz, None, _pointwise(var, X)
 
 
 class _Combination(Kernel):

@@ -105,11 +105,17 @@ def test_meanfield_refuses_uncovered_global_latents_and_complete_covers_them(ste
     kern.lengthscale = PyroSample(dist.LogNormal(torch.zeros(1, dtype=DT), 1.0).to_event(1))
     with pytest.raises(ValueError, match="global latent sites"):
         dgp.guides.MeanField(model)(X, y)
+    kern.variance = PyroSample(dist.LogNormal(torch.tensor(0.0, dtype=DT), 1.0))
     guide = dgp.complete(AutoNormal(dgp.inducing_only(model)), model)
-    result = dgp.fit(model, guide, X, y, num_steps=50, lr=0.01, progress=False)
+    result = dgp.fit(model, guide, X, y, num_steps=50, lr=0.01, progress=False,
+                     num_particles=3)  # vectorised particles: hyperparameters drawn per particle
     assert all(math.isfinite(v) for v in result.losses)
     trace = poutine.trace(guide).get_trace(X, y)
     assert any("lengthscale" in name for name in trace.nodes)
+    pred = dgp.predict(model, guide, X, num_samples=7)  # one hyperparameter draw per sample
+    assert torch.isfinite(pred.log_prob(y)).all()
+    dt = dgp.to_datatree(model, guide, X, y, num_samples=7)
+    assert any("variance" in v for v in dt["posterior"].data_vars)
 
 
 def test_complete_rejects_a_guide_missing_inducing_sites(step_data):
