@@ -15,7 +15,6 @@ import argparse
 import datetime
 import json
 import math
-import platform
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ from ..layer import GPLayer
 from ..likelihoods import Gaussian
 from ..model import DeepGP
 from ..training import fit, make_objective
+from . import cpu_model
 
 __all__ = ["build_model", "layer_variances_at_zero", "main"]
 
@@ -214,8 +214,7 @@ def main(argv=None) -> int:
     figure = plot_paths(last, data, out / "layer_paths.png")
     if args.append:
         command = "python benchmarks/compositional.py " + " ".join(argv or sys.argv[1:])
-        cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
-                    if ln.startswith("model name")), platform.processor())
+        cpu = cpu_model()
         with open(args.append, "a") as fh:
             fh.write(
                 f"\n## Compositional uncertainty (seed 003 Table 1)\n\n"

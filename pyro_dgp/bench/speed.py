@@ -48,7 +48,6 @@ import datetime
 import json
 import math
 import os
-import platform
 import resource
 import shlex
 import statistics
@@ -58,6 +57,8 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
+
+from . import cpu_model
 
 __all__ = ["Config", "PlainDSVI", "build_parser", "main", "make_implementations"]
 
@@ -476,17 +477,6 @@ def _run_worker(spec: dict) -> dict:
     if out.returncode != 0:
         raise RuntimeError(f"benchmark worker failed for {spec}:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def build_parser() -> argparse.ArgumentParser:
