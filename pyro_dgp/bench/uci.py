@@ -41,6 +41,7 @@ from ..metrics import coverage, crps, nll, rmse
 from ..model import DeepGP
 from ..prediction import predict
 from ..training import TrainingDivergedError, fit
+from . import cpu_model
 
 __all__ = [
     "PUBLISHED_SOURCE",
@@ -259,17 +260,6 @@ def _append_record(path: Path, rec: dict) -> None:
         fh.write(json.dumps(rec) + "\n")
         fh.flush()
         os.fsync(fh.fileno())
-
-
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo`` on Linux, else :func:`platform.processor`)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _run_one(args, short: str, split: int, layers: int, ckpt_dir: Path) -> tuple[dict, Path]:
