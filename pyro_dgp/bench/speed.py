@@ -102,8 +102,19 @@ def make_batches(cfg: Config, count: int = 16) -> list[torch.Tensor]:
     return [torch.randperm(cfg.num_data, generator=g)[:B].to(cfg.device) for _ in range(count)]
 
 
+class _AdamStep:
+    """One optimiser step on ``self.loss``: the same for every implementation timed."""
+
+    def step(self, X, y) -> float:
+        self.opt.zero_grad()
+        loss = self.loss(X, y)
+        loss.backward()
+        self.opt.step()
+        return float(loss.detach())
+
+
 # ----------------------------------------------------------------------------------- ours
-class Ours:
+class Ours(_AdamStep):
     name = "ours"
 
     def __init__(self, cfg: Config, X, y, lr: float = 0.01):
@@ -132,16 +143,13 @@ class Ours:
     def step(self, X, y) -> float:
         # As pyro_dgp.fit: the first step runs with Pyro's validation, later ones without.
         with self.pyro.validation_enabled(not self.validated):
-            self.opt.zero_grad()
-            loss = self.loss(X, y)
-            loss.backward()
-            self.opt.step()
+            loss = super().step(X, y)
         self.validated = True
-        return float(loss.detach())
+        return loss
 
 
 # ------------------------------------------------------------------------------ gpytorch
-class GPyTorch:
+class GPyTorch(_AdamStep):
     name = "gpytorch"
 
     def __init__(self, cfg: Config, X, y, init: Ours, lr: float = 0.01):
@@ -226,12 +234,6 @@ class GPyTorch:
         with gp.settings.num_likelihood_samples(1), gp.settings.debug(False):
             return -self.mll(self.model(X), y)
 
-    def step(self, X, y) -> float:
-        self.opt.zero_grad()
-        loss = self.loss(X, y)
-        loss.backward()
-        self.opt.step()
-        return float(loss.detach())
 
 
 # --------------------------------------------------------------------------------- plain
@@ -241,7 +243,7 @@ def _sqdist(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     return d2.clamp_min(0)
 
 
-class PlainDSVI:
+class PlainDSVI(_AdamStep):
     """DSVI written directly with tensors: the floor the framework versions are held to.
 
     Parameters are stored unconstrained exactly as Pyro stores ours (``exp`` for positive
@@ -352,12 +354,6 @@ class PlainDSVI:
         ell = -0.5 * (math.log(2 * math.pi) + noise.log()) - 0.5 * ((y - mu).square() + v) / noise
         return -(self.num_data / X.shape[0]) * ell.sum() + kl
 
-    def step(self, X, y) -> float:
-        self.opt.zero_grad()
-        loss = self.loss(X, y)
-        loss.backward()
-        self.opt.step()
-        return float(loss.detach())
 
 
 # ------------------------------------------------------------------------------- driver
