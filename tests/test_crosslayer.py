@@ -32,11 +32,7 @@ def _random_joint(T, seed=0, scale=0.3):
 
 
 def _set_coupled(guide, mean, L):
-    with torch.no_grad():
-        guide.loc_unconstrained.copy_(mean)
-        guide.scale_tril_unconstrained.copy_(
-            torch.distributions.transform_to(torch.distributions.constraints.lower_cholesky)
-            .inv(L))
+    guide.set_joint(mean, L)
 
 
 def _prior_cov(guide):
@@ -67,7 +63,7 @@ def test_coupled_kl_matches_torch(whiten, rank):
             guide.cov_factor_unconstrained.copy_(0.3 * torch.randn(T, rank, generator=g,
                                                                    dtype=DT))
             guide.cov_diag_unconstrained.copy_(torch.randn(T, generator=g, dtype=DT) - 1)
-            W, d = guide.cov_factor, guide.cov_diag
+            _, W, d, _ = guide.factor()
             q = MultivariateNormal(guide.loc, covariance_matrix=W @ W.mT + torch.diag(d))
         p = MultivariateNormal(torch.zeros(T, dtype=DT), covariance_matrix=_prior_cov(guide))
         assert float(guide.kl()) == pytest.approx(float(kl_divergence(q, p)), rel=1e-9)
@@ -80,23 +76,9 @@ def _chain_from_joint(chain, mean, S):
     S11, S12, S22 = S[:n1, :n1], S[:n1, n1:], S[n1:, n1:]
     B = torch.linalg.solve(S11, S12).mT
     cond = S22 - B @ S12
-    values = {
-        ("locs", sites[0].name): mean[:n1], ("locs", sites[1].name): mean[n1:],
-        ("scale_trils", sites[0].name): torch.linalg.cholesky(S11),
-        ("scale_trils", sites[1].name): torch.linalg.cholesky(0.5 * (cond + cond.mT)),
-        ("couplings", sites[1].name): B,
-    }
-    tf = torch.distributions.transform_to
-    cons = {"locs": torch.distributions.constraints.real,
-            "scale_trils": torch.distributions.constraints.lower_cholesky,
-            "couplings": torch.distributions.constraints.real}
     with torch.no_grad():
-        for (holder, name), value in values.items():
-            module = getattr(chain, holder)
-            *path, leaf = name.split(".")
-            for p in path:
-                module = getattr(module, p)
-            getattr(module, leaf + "_unconstrained").copy_(tf(cons[holder]).inv(value))
+        chain.set_block(sites[0], mean[:n1], torch.linalg.cholesky(S11))
+        chain.set_block(sites[1], mean[n1:], torch.linalg.cholesky(0.5 * (cond + cond.mT)), B)
 
 
 @pytest.mark.parametrize("whiten", [True, False])
