@@ -53,6 +53,7 @@ from pyro.poutine.util import site_is_subsample
 
 from .layer import LAYER, marginal_of, site_role
 from .likelihoods import _Expected
+from .rng import seeded
 from .validation import check_inputs, check_positive_int
 
 __all__ = [
@@ -96,10 +97,6 @@ def _unwrap(fn):
     while isinstance(fn, MaskedDistribution):
         fn = fn.base_dist
     return fn
-
-
-def _devices(X: torch.Tensor) -> list:
-    return [X.device] if X.device.type == "cuda" else []
 
 
 def _trace_guide(guide, args, S: int, replay_trace=None):
@@ -228,9 +225,7 @@ def to_datatree(
     args = (X,) if y is None else (X, y)
     if grid is not None:
         check_inputs(grid, X.shape[-1], "grid")
-    with torch.no_grad(), torch.random.fork_rng(devices=_devices(X), enabled=seed is not None):
-        if seed is not None:
-            torch.manual_seed(seed)
+    with torch.no_grad(), seeded(seed, X.device):
         gtrace = _trace_guide(guide, (X,), S)
         mtrace = _trace_model(model, gtrace, args, S)
         obs = observation_sites(mtrace, gtrace)
@@ -579,9 +574,7 @@ def variational_pareto_k(
 
     check_inputs(X)
     S = check_positive_int(num_samples, "num_samples")
-    with torch.no_grad(), torch.random.fork_rng(devices=_devices(X), enabled=seed is not None):
-        if seed is not None:
-            torch.manual_seed(seed)
+    with torch.no_grad(), seeded(seed, X.device):
         gtrace = _trace_guide(guide, (X,), S)
         log_q = guide_log_density(guide, gtrace, S)
         mtrace = _trace_model(model, _without_local_sites(gtrace), (X, y), S)

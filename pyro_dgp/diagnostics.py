@@ -24,10 +24,11 @@ import torch
 import xarray as xr
 from pyro.distributions import constraints
 from pyro.infer import autoguide
-from torch.distributions import MultivariateNormal, kl_divergence
 
 from .arviz import _trace_guide, f_sites, to_datatree
+from .guides.joint import gaussian_kl_to_layer_prior
 from .layer import LAYER
+from .rng import seeded
 
 __all__ = [
     "layer_kl",
@@ -46,13 +47,10 @@ SAMPLE_DIMS = ("chain", "draw")
 def _gaussian_kl(loc: torch.Tensor, cov: torch.Tensor, layer) -> float:
     """``KL(N(loc, cov) || p(u))`` for the flattened ``(D * M,)`` inducing outputs of
     ``layer`` (row-major ``(D, M)``; the prior is block diagonal over the D rows)."""
-    D, M = layer.output_dim, layer.num_inducing
     with torch.no_grad():
-        Lp = layer.prior().base_dist.scale_tril[0]
-        Lp = torch.block_diag(*([Lp] * D)).to(loc)
-        q = MultivariateNormal(loc.reshape(D * M), covariance_matrix=cov)
-        p = MultivariateNormal(torch.zeros_like(loc.reshape(D * M)), scale_tril=Lp)
-        return float(kl_divergence(q, p))
+        L = torch.linalg.cholesky(cov)
+        logdet = 2 * L.diagonal().log().sum()
+        return float(gaussian_kl_to_layer_prior([layer], loc.reshape(-1), L, logdet_S=logdet))
 
 
 def _real_support(site) -> bool:
@@ -124,10 +122,7 @@ def layer_kl(
     from .guides import JointGaussian, MeanField
 
     if trace is None:
-        devices = [X.device] if X.device.type == "cuda" else []
-        with torch.no_grad(), torch.random.fork_rng(devices=devices, enabled=seed is not None):
-            if seed is not None:
-                torch.manual_seed(seed)
+        with torch.no_grad(), seeded(seed, X.device):
             trace = _trace_guide(guide, (X,), num_samples)
     layers = _layers_of(trace)
     names = [f"{n}.u" for n, _ in layers]

@@ -11,6 +11,7 @@ from torch.special import ndtr
 
 from .layer import marginal_of, site_role
 from .likelihoods import Gaussian, Likelihood
+from .rng import seeded
 from .validation import check_inputs, check_positive_int
 
 __all__ = ["MixturePredictive", "predict", "gaussian_mixture_crps"]
@@ -164,10 +165,7 @@ def predict(
         raise ValueError("predict() needs a model with a .likelihood (e.g. pyro_dgp.DeepGP)")
     last = model.layers[-1].name + ".f" if hasattr(model, "layers") else None
     locs, vars_ = [], []
-    devices = [X.device] if X.device.type == "cuda" else []
-    with torch.no_grad(), torch.random.fork_rng(devices=devices, enabled=seed is not None):
-        if seed is not None:
-            torch.manual_seed(seed)
+    with torch.no_grad(), seeded(seed, X.device):
         for chunk in X.split(batch_size, dim=-2):
             with pyro.plate("_predictive_samples", S, dim=-2):
                 trace = poutine.trace(guide).get_trace(chunk)

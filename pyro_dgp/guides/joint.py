@@ -28,10 +28,10 @@ from .meanfield import deep_getattr
 __all__ = ["Chain", "Coupled", "JointGaussian", "gaussian_kl_to_layer_prior"]
 
 
-def gaussian_kl_to_layer_prior(sites, mean, R, d=None, logdet_S=None) -> torch.Tensor:
+def gaussian_kl_to_layer_prior(layers, mean, R, d=None, logdet_S=None) -> torch.Tensor:
     """``KL(N(mean, R R^T + diag d) || prod_l prod_d p(u^l_d))`` in closed form.
 
-    :param sites: the :class:`LayerSite`\\ s in the order of ``mean``'s blocks.
+    :param layers: the :class:`~pyro_dgp.GPLayer`\\ s in the order of ``mean``'s blocks.
     :param mean: ``(T,)``; :param R: ``(T, K)``; :param d: ``(T,)`` or ``None``.
     :param logdet_S: ``log det Cov q`` if known (e.g. from a triangular ``R``).
 
@@ -42,18 +42,18 @@ def gaussian_kl_to_layer_prior(sites, mean, R, d=None, logdet_S=None) -> torch.T
     T = mean.shape[-1]
     total = -T - (logdet_S if logdet_S is not None else _logdet(R, d))
     offset = 0
-    for site in sites:
-        D, M = site.shape
+    for layer in layers:
+        D, M = layer.output_dim, layer.num_inducing
         n = D * M
         m = mean[offset : offset + n].reshape(D, M)
         Rb = R[offset : offset + n].reshape(D, M, R.shape[-1])
         db = None if d is None else d[offset : offset + n].reshape(D, M)
-        if site.layer.whiten:
+        if layer.whiten:
             total = total + (Rb * Rb).sum() + (m * m).sum()
             if db is not None:
                 total = total + db.sum()
         else:
-            Lk = site.layer.kzz_cholesky()
+            Lk = layer.kzz_cholesky()
             LiR = torch.linalg.solve_triangular(Lk, Rb, upper=False)
             Lim = torch.linalg.solve_triangular(Lk, m.unsqueeze(-1), upper=False)
             total = total + (LiR * LiR).sum() + (Lim * Lim).sum()
@@ -215,7 +215,7 @@ class JointGaussian(LayerGuide):
     def kl(self) -> torch.Tensor:
         """``KL(q(U) || p(U))``, closed form."""
         mean, R, d, logdet = self.factor()
-        return gaussian_kl_to_layer_prior(self.layer_sites, mean, R, d, logdet)
+        return gaussian_kl_to_layer_prior([s.layer for s in self.layer_sites], mean, R, d, logdet)
 
     def _before_run(self, *args, **kwargs):
         self._draw = _JointDraw(self.sample)

@@ -1,0 +1,20 @@
+"""Seeded draws that leave the caller's random state untouched."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+__all__ = ["seeded"]
+
+
+@contextlib.contextmanager
+def seeded(seed: int | None, device: torch.device):
+    """Draw from ``seed`` inside the block (CPU and ``device``'s CUDA generator), restoring
+    the global random state afterwards; ``seed=None`` draws from the global state as usual."""
+    devices = [device] if torch.device(device).type == "cuda" else []
+    with torch.random.fork_rng(devices=devices, enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(seed)
+        yield
