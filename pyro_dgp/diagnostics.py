@@ -44,13 +44,30 @@ SAMPLE_DIMS = ("chain", "draw")
 
 
 # ------------------------------------------------------------------------------------ KL
-def _gaussian_kl(loc: torch.Tensor, cov: torch.Tensor, layer) -> float:
+def _gaussian_kl(loc: torch.Tensor, cov: torch.Tensor, layer, random_Z: bool = False) -> float:
     """``KL(N(loc, cov) || p(u))`` for the flattened ``(D * M,)`` inducing outputs of
-    ``layer`` (row-major ``(D, M)``; the prior is block diagonal over the D rows)."""
+    ``layer`` (row-major ``(D, M)``; the prior is block diagonal over the D rows).
+
+    With ``random_Z`` the layer's prior is batched over draws of its inducing inputs (set by
+    ``layer.given_inducing_inputs``) and the KL is averaged over them."""
     with torch.no_grad():
         L = torch.linalg.cholesky(cov)
         logdet = 2 * L.diagonal().log().sum()
-        return float(gaussian_kl_to_layer_prior([layer], loc.reshape(-1), L, logdet_S=logdet))
+        if not random_Z:
+            return float(gaussian_kl_to_layer_prior([layer], loc.reshape(-1), L, logdet_S=logdet))
+        prior = layer.prior().base_dist  # batch (S, 1, D), event M
+        D, M = prior.loc.shape[-2:]
+        p_loc = prior.loc.reshape(-1, D, M)
+        p_tril = prior.scale_tril.reshape(-1, D, M, M)
+        # 0.5 [tr(K^-1 S) + (mu - m)^T K^-1 (mu - m) - DM + log|K| - log|S|], K block diagonal
+        S_blocks = torch.stack([cov[d * M:(d + 1) * M, d * M:(d + 1) * M] for d in range(D)])
+        A = torch.linalg.solve_triangular(p_tril, torch.linalg.cholesky(S_blocks), upper=False)
+        diff = torch.linalg.solve_triangular(
+            p_tril, (loc.reshape(D, M) - p_loc).unsqueeze(-1), upper=False)
+        logdet_K = 2 * p_tril.diagonal(dim1=-2, dim2=-1).log().sum((-2, -1))
+        kl = 0.5 * (A.square().sum((-3, -2, -1)) + diff.square().sum((-3, -2, -1)) - D * M
+                    + logdet_K - logdet)
+        return float(kl.mean())
 
 
 def _real_support(site) -> bool:
@@ -136,12 +153,25 @@ def layer_kl(
     elif hasattr(guide, "inner"):
         gaussians = _completed_gaussians(guide.inner, names)
     out = {}
+    below = None
     for (lname, layer), uname in zip(layers, names, strict=True):
-        if uname in gaussians:
-            out[lname] = _gaussian_kl(*gaussians[uname], layer)
-            continue
-        out[lname] = _mc_kl(trace, lname, layer)
+        # inducing points as inducing locations: this layer's prior is p(u | Z = u_below^T),
+        # so its KL is the expectation over the guide's draws of u_below (seed 003 eq. 23)
+        Z = None
+        if below is not None and below[1].feeds_inducing_inputs:
+            Z = _drop_plate_dim(trace.nodes[f"{below[0]}.u"]["value"]).mT
+        with layer.given_inducing_inputs(Z):
+            if uname in gaussians:
+                out[lname] = _gaussian_kl(*gaussians[uname], layer, random_Z=Z is not None)
+            else:
+                out[lname] = _mc_kl(trace, lname, layer)
+        below = (lname, layer)
     return out
+
+
+def _drop_plate_dim(u: torch.Tensor) -> torch.Tensor:
+    """``(S, 1, D, M)`` draws of a ``.u`` site under the sample plate at dim -2 -> ``(S, D, M)``."""
+    return u.reshape((-1,) + u.shape[-2:])
 
 
 def _mc_kl(trace, lname: str, layer) -> float:
@@ -170,7 +200,8 @@ def _mc_kl(trace, lname: str, layer) -> float:
         except NotImplementedError:
             return float("nan")
         u = usite["value"]
-        u = u.reshape((-1,) + u.shape[-2:])
+        # (S, 1, D, M): the batch of a prior over random inducing inputs is (S, 1) too
+        u = u.reshape((-1, 1) + u.shape[-2:])
         log_p = layer.prior().log_prob(u).reshape(-1)
     return float((log_q - log_p).mean())
 

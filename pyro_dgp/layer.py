@@ -15,8 +15,9 @@ no conditional work at all.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pyro
 import pyro.distributions as dist
@@ -338,6 +339,21 @@ class GPLayer(PyroModule):
             Z = self._buffers.get("inducing_points")
         return Z if Z is not None else self.inducing_points
 
+    @contextlib.contextmanager
+    def given_inducing_inputs(self, Z: torch.Tensor | None) -> Iterator[GPLayer]:
+        """Within the block, ``prior`` and ``conditional`` use the random inducing inputs ``Z``
+        ``(..., M, D_in)`` (e.g. draws of the layer below's ``u``, transposed) instead of the
+        stored ones; ``None`` keeps the stored ``Z``."""
+        if Z is not None and not self.function_values:
+            raise ValueError(
+                f"layer '{self.name}': random inducing inputs need function_values=True"
+            )
+        previous, self._random_Z = self._random_Z, Z
+        try:
+            yield self
+        finally:
+            self._random_Z = previous
+
     def current_inducing_inputs(self) -> torch.Tensor:
         """``(M, D_in)``, or ``(..., M, D_in)`` where this call's inducing inputs are random."""
         return self._random_Z if self._random_Z is not None else self.inducing_points
@@ -413,14 +429,9 @@ class GPLayer(PyroModule):
         """
         if is_validation_enabled():  # a pass over x and a host sync: not in fit's hot loop
             check_inputs(x, self.input_dim, f"layer '{self.name}' input")
-        if inducing_inputs is not None and not self.function_values:
-            raise ValueError(
-                f"layer '{self.name}': random inducing inputs need function_values=True"
-            )
         name = self.name
         sample_hyperparameters(self)
-        self._random_Z = inducing_inputs
-        try:
+        with self.given_inducing_inputs(inducing_inputs):
             u = pyro.sample(f"{name}.u", self.prior(), infer={ROLE: "u", LAYER: self})
             u = _drop_data_dim(u)
             if self.function_values:
@@ -435,5 +446,3 @@ class GPLayer(PyroModule):
                     # sampled u (a collapsed f would lose its dependence on that input)
                     infer[SAMPLED_U_ONLY] = True
                 return pyro.sample(f"{name}.f", fn, infer=infer)
-        finally:
-            self._random_Z = None

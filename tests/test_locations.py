@@ -1,5 +1,6 @@
 """Inducing points as inducing locations (seed 003 §4.2) as a DeepGP option."""
 
+import pyro
 import pytest
 import torch
 from pyro import poutine
@@ -103,3 +104,96 @@ def test_locations_needs_unwhitened_function_value_layers():
     b = dgp.GPLayer(1, 1, num_inducing=3, whiten=False)
     with pytest.raises(ValueError, match="function_values=True"):
         dgp.DeepGP([a, b], Gaussian(), inducing="locations")
+
+
+def test_unwhitened_inner_layer_starts_at_the_whitened_kl():
+    """The inner q starts at S = s K_ZZ (the whitened S = s I mapped back), so its KL is
+    D/2 (M s - M - M log s) in either parameterisation, not ~s tr(K_ZZ^-1)."""
+    import math
+
+    X, y = _data()
+    s, M = 1e-3, 6
+    for whiten in (True, False):
+        model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=M, whiten=whiten)
+        guide = dgp.guides.MeanField(model, inner_variance=s)
+        with torch.no_grad():
+            guide(X)
+        kl = dgp.diagnostics.layer_kl(model, guide, X)
+        assert kl["layer1"] == pytest.approx(0.5 * (M * s - M - M * math.log(s)), rel=1e-6)
+        assert kl["layer2"] == pytest.approx(0.0, abs=1e-6)
+
+
+def _locations_model():
+    X, y = _data()
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6, inducing="locations")
+    return model, X, y
+
+
+def _random_q(guide, seed):
+    g = torch.Generator().manual_seed(seed)
+    for site in guide.layer_sites:
+        D, M = site.shape
+        m = torch.randn(D, M, generator=g, dtype=DT)
+        L = torch.randn(D, M, M, generator=g, dtype=DT).tril(-1) * 0.1
+        L = L + torch.diag_embed(0.2 + torch.rand(D, M, generator=g, dtype=DT))
+        guide.set_q(site.name, m, L)
+        yield site, m, L
+
+
+@pytest.mark.parametrize("whiten_q", [True, False])
+def test_whitened_q_of_function_value_layers_is_a_reparameterisation(whiten_q):
+    """set_q/q_params round-trip in both parameterisations, and the same q gives the same
+    ELBO (same draws) whether q is stored relative to K(Z_ref) or not."""
+    model, X, y = _locations_model()
+    guides = [dgp.guides.MeanField(model, whiten_function_values=w) for w in (whiten_q, False)]
+    for guide in guides:
+        guide(X, y)
+        for site, m, L in _random_q(guide, 3):
+            loc, tril = guide.q_params(site)
+            assert torch.allclose(loc, m, atol=1e-10) and torch.allclose(tril, L, atol=1e-10)
+    losses = []
+    for guide in guides:
+        pyro.set_rng_seed(7)
+        losses.append(TraceMeanField_ELBO(num_particles=3).loss(model, guide, X, y))
+    assert losses[0] == pytest.approx(losses[1], rel=1e-9)
+
+
+def test_locations_layer_kl_averages_over_the_random_inducing_inputs():
+    """diagnostics.layer_kl of the second layer = mean over draws of f^z_1 of
+    KL(q(f^z_2) || N(mu(f^z_1), K(f^z_1))) (seed 003 eq. 23), against torch's KL per draw,
+    and against the Monte Carlo log q - log p within 4 standard errors."""
+    from pyro_dgp.arviz import _trace_guide
+    from pyro_dgp.diagnostics import _mc_kl
+
+    model, X, y = _locations_model()
+    guide = dgp.guides.MeanField(model)
+    guide(X, y)
+    list(_random_q(guide, 5))
+    with torch.no_grad():
+        pyro.set_rng_seed(0)
+        trace = _trace_guide(guide, (X,), 2000)
+        kl = dgp.diagnostics.layer_kl(model, guide, X, trace=trace)
+        l1, l2 = model.layers
+        loc, tril = guide.q_params(guide.layer_sites[1])
+        fz1 = trace.nodes["layer1.u"]["value"].reshape(-1, 1, 6)  # (S, D1, M)
+        Kz = l2.kernel(fz1.mT)
+        Kz = Kz + default_jitter(DT) * Kz.diagonal(dim1=-2, dim2=-1).mean(-1)[..., None, None] \
+            * torch.eye(6, dtype=DT)
+        prior = MultivariateNormal(l2.mean_function(fz1.mT).mT[:, 0], covariance_matrix=Kz)
+        per_draw = kl_divergence(MultivariateNormal(loc[0], scale_tril=tril[0]), prior)
+        assert kl["layer2"] == pytest.approx(float(per_draw.mean()), rel=1e-6)
+        # the fixed-Z first layer: torch's KL to N(m(z), K(z))
+        loc1, tril1 = guide.q_params(guide.layer_sites[0])
+        Z = l1.inducing_points
+        K1 = l1.kernel(Z)
+        K1 = K1 + default_jitter(DT) * K1.diagonal().mean() * torch.eye(6, dtype=DT)
+        ref1 = kl_divergence(MultivariateNormal(loc1[0], scale_tril=tril1[0]),
+                             MultivariateNormal(l1.mean_function(Z).mT[0], K1))
+        assert kl["layer1"] == pytest.approx(float(ref1), rel=1e-6)
+        with l2.given_inducing_inputs(fz1.mT):
+            mc = _mc_kl(trace, "layer2", l2)
+        logq = MultivariateNormal(loc[0], scale_tril=tril[0]).log_prob(
+            trace.nodes["layer2.u"]["value"].reshape(-1, 6))
+        se = float((logq - prior.log_prob(trace.nodes["layer2.u"]["value"].reshape(-1, 6)))
+                   .std()) / 2000**0.5
+    assert mc == pytest.approx(kl["layer2"], abs=4 * se)

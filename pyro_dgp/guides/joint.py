@@ -36,8 +36,9 @@ def gaussian_kl_to_layer_prior(layers, mean, R, d=None, logdet_S=None) -> torch.
     :param logdet_S: ``log det Cov q`` if known (e.g. from a triangular ``R``).
 
     With block prior covariances ``P_b`` (``I`` whitened, ``K_ZZ`` unwhitened; one block per
-    layer and output): ``KL = 1/2 [sum_b tr(P_b^-1 S_bb) + m_b^T P_b^-1 m_b + log det P_b
-    - T - log det S]``; only the diagonal blocks ``S_bb`` of ``S`` are needed.
+    layer and output) and prior means ``mu_b`` (``m(Z)`` where ``u`` holds function values,
+    else 0): ``KL = 1/2 [sum_b tr(P_b^-1 S_bb) + (m_b - mu_b)^T P_b^-1 (m_b - mu_b)
+    + log det P_b - T - log det S]``; only the diagonal blocks ``S_bb`` of ``S`` are needed.
     """
     T = mean.shape[-1]
     total = -T - (logdet_S if logdet_S is not None else _logdet(R, d))
@@ -46,6 +47,8 @@ def gaussian_kl_to_layer_prior(layers, mean, R, d=None, logdet_S=None) -> torch.
         D, M = layer.output_dim, layer.num_inducing
         n = D * M
         m = mean[offset : offset + n].reshape(D, M)
+        if layer.function_values:  # u holds f(Z): the prior mean is m(Z), not 0
+            m = m - layer.mean_function(layer.current_inducing_inputs()).mT
         Rb = R[offset : offset + n].reshape(D, M, R.shape[-1])
         db = None if d is None else d[offset : offset + n].reshape(D, M)
         if layer.whiten:

@@ -36,37 +36,74 @@ class MeanField(LayerGuide):
     Either way the last layer's Gaussian is handed to the likelihood, which scores its
     expectation in closed form (Gaussian) or by Gauss-Hermite.
 
-    Initialisation (REFERENCE.md §3): ``m = 0``; ``S = inner_scale^2 I`` for inner layers and
-    the prior for the last layer (``I`` whitened, ``K_ZZ`` unwhitened).
+    Initialisation (REFERENCE.md §3): ``m`` the prior mean; ``S = inner_variance I`` for inner
+    layers and ``I`` for the last, in whitened coordinates (unwhitened: ``inner_variance K_ZZ``
+    and ``K_ZZ``).
+
+    Layers whose ``u`` holds function values (``function_values=True``, e.g. the
+    inducing-as-locations model of seed 003 §4.2) are unwhitened in the model, and Adam on an
+    unwhitened ``(m, S)`` against a near-singular ``K_ZZ`` drives the KL to ~1e5 within a
+    hundred steps. With ``whiten_function_values=True`` (default) ``q`` keeps the same family
+    but is parameterised relative to the layer's reference inducing inputs ``Z_ref``:
+    ``m = mu(Z_ref) + L_ref m~``, ``S^(1/2) = L_ref S~^(1/2)`` with ``L_ref L_ref^T = K(Z_ref)``.
+    ``Z_ref`` is the layer's ``Z`` or, where the layer below feeds its inducing inputs, the
+    guide's mean of that layer's ``u`` (a deterministic function of the guide's parameters,
+    so ``q`` stays a fixed Gaussian and the ELBO is unchanged; only the optimiser's geometry
+    is). ``q_params`` always returns the unwhitened ``(m, S^(1/2))``.
 
     Valid with ``Trace_ELBO``, ``TraceMeanField_ELBO`` (analytic KL) and ``RenyiELBO``.
     """
 
     mean_field = True
 
-    def __init__(self, model, collapsed: bool = True, inner_variance: float = 1e-5, name=None):
+    def __init__(self, model, collapsed: bool = True, inner_variance: float = 1e-5,
+                 whiten_function_values: bool = True, name=None):
         super().__init__(model, name=name)
         if not inner_variance > 0:
             raise ValueError(f"MeanField: inner_variance must be positive, got {inner_variance}")
         self.collapsed = bool(collapsed)
         self.inner_variance = float(inner_variance)
+        self.whiten_function_values = bool(whiten_function_values)
         self._run_q: dict = {}
         self.locs = PyroModule()
         self.scale_trils = PyroModule()
+
+    def _reparameterised(self, site: LayerSite) -> bool:
+        """Whether ``q(u)`` at ``site`` is stored relative to ``K(Z_ref)`` (see the class)."""
+        return self.whiten_function_values and site.layer.function_values
+
+    def _reference(self, site: LayerSite) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mu(Z_ref)^T (D, M), L_ref (M, M))`` for a reparameterised site."""
+        layer = site.layer
+        below = self.layer_sites[site.index - 1] if site.index > 0 else None
+        if below is not None and below.layer.feeds_inducing_inputs:
+            q = self._run_q.get(below.name) if self._running() else None
+            # (M, D_in): the mean of the layer below's u, as read at this run's site if any
+            Z_ref = (q if q is not None else self.q_params(below))[0].mT
+        else:
+            Z_ref = layer.inducing_points
+        L_ref = layer._factor(layer.kernel(Z_ref))
+        return layer.mean_function(Z_ref).mT, L_ref
 
     def _setup_sites(self, sites: list[LayerSite]) -> None:
         for site in sites:
             layer = site.layer
             Z = layer.inducing_points.detach()
             D, M = site.shape
-            loc = layer.initial_u_loc()
-            if not site.is_last:
-                tril = math.sqrt(self.inner_variance) * torch.eye(M, dtype=Z.dtype, device=Z.device)
-            elif layer.whiten:
-                tril = torch.eye(M, dtype=Z.dtype, device=Z.device)
+            # the whitened initialisation (S = c I, c = inner_variance inside, 1 for the last
+            # layer) mapped to u's parameterisation: unwhitened S = c K_ZZ, not c I, which
+            # against a near-singular K_ZZ would start the KL at ~c tr(K_ZZ^-1) (thousands)
+            scale = 1.0 if site.is_last else math.sqrt(self.inner_variance)
+            if self._reparameterised(site):
+                loc = Z.new_zeros(D, M)
+                tril = scale * torch.eye(M, dtype=Z.dtype, device=Z.device)
             else:
-                with torch.no_grad():
-                    tril = layer.kzz_cholesky()
+                loc = layer.initial_u_loc()
+                if layer.whiten:
+                    tril = scale * torch.eye(M, dtype=Z.dtype, device=Z.device)
+                else:
+                    with torch.no_grad():
+                        tril = scale * layer.kzz_cholesky()
             deep_setattr(self.locs, site.name, PyroParam(loc))
             deep_setattr(
                 self.scale_trils,
@@ -74,9 +111,17 @@ class MeanField(LayerGuide):
                 PyroParam(tril.expand(D, M, M).clone(), constraints.lower_cholesky),
             )
 
-    def q_params(self, site: LayerSite) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(loc (D, M), scale_tril (D, M, M))`` of ``q(u)`` at ``site``."""
+    def _stored(self, site: LayerSite) -> tuple[torch.Tensor, torch.Tensor]:
         return deep_getattr(self.locs, site.name), deep_getattr(self.scale_trils, site.name)
+
+    def q_params(self, site: LayerSite) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loc (D, M), scale_tril (D, M, M))`` of ``q(u)`` at ``site``, in the layer's own
+        (whitened or not) parameterisation of ``u``."""
+        loc, tril = self._stored(site)
+        if not self._reparameterised(site):
+            return loc, tril
+        mean, L_ref = self._reference(site)
+        return mean + (L_ref @ loc.unsqueeze(-1)).squeeze(-1), L_ref @ tril
 
     def set_q(self, site_name: str, loc: torch.Tensor, scale_tril: torch.Tensor) -> None:
         """Overwrite ``q(u)`` at ``site_name`` (e.g. ``"layer1.u"``) in place.
@@ -84,9 +129,16 @@ class MeanField(LayerGuide):
         :param loc: ``(D, M)``; :param scale_tril: ``(D, M, M)`` lower triangular, positive
             diagonal. Works in both Pyro parameter modes (global store or module-local).
         """
-        names = [s.name for s in self.layer_sites]
-        if site_name not in names:
-            raise KeyError(f"no inducing site {site_name!r}; sites: {names}")
+        sites = {s.name: s for s in self.layer_sites}
+        if site_name not in sites:
+            raise KeyError(f"no inducing site {site_name!r}; sites: {list(sites)}")
+        site = sites[site_name]
+        if self._reparameterised(site):
+            with torch.no_grad():
+                mean, L_ref = self._reference(site)
+                loc = torch.linalg.solve_triangular(
+                    L_ref, (loc - mean).unsqueeze(-1), upper=False).squeeze(-1)
+                scale_tril = torch.linalg.solve_triangular(L_ref, scale_tril, upper=False)
         for holder, value, constraint in (
             (self.locs, loc, constraints.real),
             (self.scale_trils, scale_tril, constraints.lower_cholesky),
