@@ -317,8 +317,10 @@ def test_pareto_k_exact_posterior_gives_constant_weights():
     cov_y = A.T @ A + torch.diag(s2 + v)
     exact = float(dist.MultivariateNormal(torch.zeros_like(y), cov_y).log_prob(y))
     res = variational_pareto_k(model, guide, X, y, num_samples=200, seed=0)
-    np.testing.assert_allclose(res.log_weights, exact, rtol=0, atol=1e-7)
-    assert res.log_marginal == pytest.approx(exact, abs=1e-7)
+    # float64 conditionals take the quadratic form (pyro_dgp/conditional.py), accurate to
+    # ~eps cond(K_ZZ) relative in each variance: measured up to 1.5e-7 on these log weights
+    np.testing.assert_allclose(res.log_weights, exact, rtol=0, atol=1e-6)
+    assert res.log_marginal == pytest.approx(exact, abs=1e-6)
 
 
 def test_pareto_k_near_optimum_and_far_from_it():

@@ -179,13 +179,14 @@ def test_conditional_whitened_equals_unwhitened(gaussian):
     torch.testing.assert_close(vw, vu, rtol=1e-10, atol=1e-11)
 
 
+@pytest.mark.parametrize("quadratic", [True, False])
 @pytest.mark.parametrize("whiten", [True, False])
 @pytest.mark.parametrize("gaussian", [False, True])
-def test_conditional_matches_dense_reference(whiten, gaussian):
+def test_conditional_matches_dense_reference(whiten, gaussian, quadratic):
     g, Kzz, L, Kzx, kxx = _problem(seed=1)
     loc = torch.randn(DOUT, M, generator=g, dtype=DT)
     tril = _random_tril(g, DOUT) if gaussian else None
-    mean, var = conditional(Kzx, L, kxx, loc, tril, whiten=whiten)
+    mean, var = conditional(Kzx, L, kxx, loc, tril, whiten=whiten, quadratic=quadratic)
     assert mean.shape == var.shape == (N, DOUT)
     for d in range(DOUT):
         m = L @ loc[d] if whiten else loc[d]
@@ -201,15 +202,16 @@ def test_conditional_matches_dense_reference(whiten, gaussian):
         assert (var <= kxx.unsqueeze(-1) + 1e-12).all()
 
 
+@pytest.mark.parametrize("quadratic", [True, False])
 @pytest.mark.parametrize("whiten", [True, False])
 @pytest.mark.parametrize("gaussian", [False, True])
-def test_conditional_with_batch_dims(whiten, gaussian):
+def test_conditional_with_batch_dims(whiten, gaussian, quadratic):
     S = 4
     g, Kzz, L, Kzx, kxx = _problem(seed=2, batch=(S,))
     assert Kzx.shape == (S, M, N) and kxx.shape == (S, N)
     loc = torch.randn(S, DOUT, M, generator=g, dtype=DT)  # a sample of u per particle
     tril = _random_tril(g, DOUT) if gaussian else None  # shared q(u) covariance
-    mean, var = conditional(Kzx, L, kxx, loc, tril, whiten=whiten)
+    mean, var = conditional(Kzx, L, kxx, loc, tril, whiten=whiten, quadratic=quadratic)
     assert mean.shape == var.shape == (S, N, DOUT)
     for s in range(S):
         for d in range(DOUT):
@@ -229,6 +231,43 @@ def test_conditional_with_batch_dims(whiten, gaussian):
         m1, v1 = conditional(Kzx[s], L, kxx[s], loc0, tril, whiten=whiten)
         torch.testing.assert_close(m0[s], m1, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(v0[s], v1, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("gaussian", [False, True])
+def test_quadratic_form_has_the_projected_forms_gradients(gaussian):
+    """The quadratic form (custom backward) and the projected form (autograd) are the same
+    function: equal values and gradients for Kzx, L, kxx, m and S, with batch dims."""
+    from pyro_dgp.conditional import _QuadraticDiagonal
+
+    g, Kzz, L, Kzx, kxx = _problem(seed=4, batch=(3,))
+    loc = torch.randn(DOUT, M, generator=g, dtype=DT)
+    tril = _random_tril(g, DOUT) if gaussian else None
+    w_mean, w_var = torch.randn(2, 3, N, DOUT, generator=g, dtype=DT)
+    grads = []
+    for quadratic in (True, False):
+        leaves = [t.clone().requires_grad_() for t in (Kzx, L, kxx, loc)]
+        if tril is not None:
+            leaves.append(tril.clone().requires_grad_())
+        mean, var = conditional(*leaves[:4], leaves[4] if gaussian else None,
+                                quadratic=quadratic)
+        ((mean * w_mean).sum() + (var * w_var).sum()).backward()
+        grads.append([t.grad for t in leaves])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-9)
+    # the custom backward against finite differences
+    C = torch.randn(DOUT, M, M, generator=g, dtype=DT)
+    C = (C + C.mT).requires_grad_()
+    K = Kzx.clone().requires_grad_()
+    assert torch.autograd.gradcheck(_QuadraticDiagonal.apply, (K, C))
+
+
+def test_conditional_quadratic_form_is_refused_where_it_does_not_apply():
+    g, Kzz, L, Kzx, kxx = _problem()
+    loc = torch.randn(DOUT, M, generator=g, dtype=DT)
+    with pytest.raises(ValueError, match="float64"):
+        conditional(Kzx.float(), L.float(), kxx.float(), loc.float(), quadratic=True)
+    with pytest.raises(ValueError, match="one Z"):
+        conditional(Kzx, L.expand(2, M, M), kxx, loc, quadratic=True)
 
 
 def test_conditional_at_inducing_points_recovers_u():

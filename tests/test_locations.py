@@ -155,7 +155,9 @@ def test_whitened_q_of_function_value_layers_is_a_reparameterisation(whiten_q):
     for guide in guides:
         pyro.set_rng_seed(7)
         losses.append(TraceMeanField_ELBO(num_particles=3).loss(model, guide, X, y))
-    assert losses[0] == pytest.approx(losses[1], rel=1e-9)
+    # random q far from a near-singular K_ZZ: the KL is ~2e6 and rounding in the round trip
+    # through L_ref is amplified by cond(K_ZZ) (measured relative difference 1.3e-7)
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
 
 
 def test_locations_layer_kl_averages_over_the_random_inducing_inputs():

@@ -25,7 +25,11 @@ The three implementations run the SAME model and the same step:
              hyperparameters, and its ELBO is divided by N.
 ``plain``    :class:`PlainDSVI`: the same model and estimator written directly with tensors and
              ``torch.linalg`` (no Pyro, no distributions): the floor. Its loss equals ours for
-             the same parameters and noise draws (``tests/test_speed_bench.py``).
+             the same parameters and noise draws (``tests/test_speed_bench.py``). In float64
+             it evaluates the conditional variance in the same quadratic form as ours
+             (``pyro_dgp.conditional``), so ours/plain measures the framework's overhead, not
+             an algorithmic difference; GPyTorch uses the projected form (a triangular solve
+             over the batch).
 
 Time: the median over ``--repeats`` steps after ``--warmup`` steps, the three implementations
 interleaved step by step (in rotating order) in one process per configuration, so that load
@@ -58,6 +62,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ..conditional import quadratic_diagonal
 from . import cpu_model
 
 __all__ = ["Config", "PlainDSVI", "build_parser", "main", "make_implementations"]
@@ -259,7 +264,7 @@ class PlainDSVI(_AdamStep):
     name = "plain"
 
     def __init__(self, layers: list[dict], noise, num_data: int, jitter: float | None = None,
-                 lr: float = 0.01):
+                 lr: float = 0.01, quadratic: bool | None = None):
         def leaf(t):
             return t.detach().clone().requires_grad_(True)
 
@@ -278,6 +283,9 @@ class PlainDSVI(_AdamStep):
                 "q_raw": leaf(raw),
             })
         self.log_noise = leaf(torch.as_tensor(noise).log())
+        # the conditional's quadratic form (default: in float64, as ours)
+        self.quadratic = quadratic if quadratic is not None else (
+            self.log_noise.dtype == torch.float64)
         self.num_data = int(num_data)
         dtype = self.log_noise.dtype
         self.jitter = jitter if jitter is not None else (1e-6 if dtype == torch.float64 else 1e-5)
@@ -287,7 +295,8 @@ class PlainDSVI(_AdamStep):
         self.opt = torch.optim.Adam(self.params, lr=lr)
 
     @classmethod
-    def from_ours(cls, model, guide, lr: float = 0.01) -> PlainDSVI:
+    def from_ours(cls, model, guide, lr: float = 0.01, quadratic: bool | None = None
+                  ) -> PlainDSVI:
         """The same parameter values as a :class:`~pyro_dgp.DeepGP` + ``MeanField`` pair."""
         specs = []
         for site in guide.layer_sites:
@@ -308,7 +317,7 @@ class PlainDSVI(_AdamStep):
                 "q_tril": tril,
             })
         return cls(specs, model.likelihood.variance.detach(), model.num_data,
-                   jitter=model.layers[0].jitter, lr=lr)
+                   jitter=model.layers[0].jitter, lr=lr, quadratic=quadratic)
 
     def loss(self, X: torch.Tensor, y: torch.Tensor, eps: list | None = None) -> torch.Tensor:
         """Negative ELBO: ``-(N/B) sum_i E log p(y_i | f_i) + sum_l KL(q(U^l) || p(U^l))``.
@@ -330,17 +339,28 @@ class PlainDSVI(_AdamStep):
                 M, dtype=Kzz.dtype, device=Kzz.device)
             L = torch.linalg.cholesky(Kzz)
             Kzx = variance * torch.exp(-0.5 * _sqdist(Zs, hs))  # (M, B)
-            A = torch.linalg.solve_triangular(L, Kzx, upper=False)  # (M, B)
             raw = p["q_raw"]
             diag = raw.diagonal(dim1=-2, dim2=-1)
             S = raw.tril(-1) + torch.diag_embed(diag.exp())  # (D, M, M)
             m = p["q_loc"]  # (D, M)
             D = m.shape[0]
-            At = A.mT  # (B, M)
-            mean = At @ m.mT  # (B, D)
-            # |S_d^T a_i|^2 for every d by one GEMM against [S_1 | ... | S_D] (M, D M)
-            R = At @ S.permute(1, 0, 2).reshape(M, D * M)  # (B, D M)
-            var = (kdiag - (A * A).sum(0)).unsqueeze(-1) + R.square().unflatten(-1, (D, M)).sum(-1)
+            if self.quadratic:
+                # the quadratic form of pyro_dgp/conditional.py, as ours uses in float64:
+                # var_d = k - k_x^T C_d k_x, C_d = L^-T (I - S_d S_d^T) L^-1
+                eye = torch.eye(M, dtype=L.dtype, device=L.device)
+                Linv = torch.linalg.solve_triangular(L, eye, upper=False)
+                W = S.mT @ Linv
+                C = Linv.mT @ Linv - W.mT @ W
+                var = kdiag - quadratic_diagonal(Kzx, 0.5 * (C + C.mT))  # (B, D)
+                mean = Kzx.mT @ torch.linalg.solve_triangular(L.mT, m.mT, upper=True)
+            else:
+                A = torch.linalg.solve_triangular(L, Kzx, upper=False)  # (M, B)
+                At = A.mT  # (B, M)
+                mean = At @ m.mT  # (B, D)
+                # |S_d^T a_i|^2 for every d by one GEMM against [S_1 | ... | S_D] (M, D M)
+                R = At @ S.permute(1, 0, 2).reshape(M, D * M)  # (B, D M)
+                var = (kdiag - (A * A).sum(0)).unsqueeze(-1) + R.square().unflatten(
+                    -1, (D, M)).sum(-1)
             var = var.clamp_min(torch.finfo(var.dtype).tiny)
             if p["W"] is not None:
                 mean = mean + h @ p["W"]
