@@ -54,6 +54,8 @@ def _matrix_scale(v: torch.Tensor) -> torch.Tensor:
 
 def _pointwise(v: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
     """A scalar hyperparameter broadcast to ``X``'s points, ``(..., N)``."""
+    if v.dim() == 0:  # the common case, without torch.broadcast_shapes' Python overhead
+        return v.expand(X.shape[:-1]).to(X.dtype)
     return v.expand(torch.broadcast_shapes(v.shape, X.shape[:-1])).to(X.dtype)
 
 

@@ -137,6 +137,8 @@ def _kl_to_whitened_prior(p, q):
     kl_rows = 0.5 * (L.square().sum((-2, -1)) + m.square().sum(-1) - m.shape[-1])
     kl_rows = kl_rows - L.diagonal(dim1=-2, dim2=-1).log().sum(-1)
     kl = kl_rows.expand(base.batch_shape).sum(-1)
+    if p.batch_shape == q.batch_shape:
+        return kl.expand(p.batch_shape)
     return kl.expand(torch.broadcast_shapes(p.batch_shape, q.batch_shape))
 
 
@@ -396,9 +398,16 @@ class GPLayer(PyroModule):
     def prior(self) -> dist.Distribution:
         """``p(u)``: event shape ``(D_out, M)`` (batched like random inducing inputs)."""
         if self.whiten and self._random_Z is None:
-            # N(0, I) needs only Z's size, dtype and device: no pyro.param read of Z
+            # N(0, I) needs only Z's size, dtype and device: no pyro.param read of Z; it has
+            # no parameters, so one instance serves every call (the guides' runs of the model
+            # build a prior they then replace)
             Z = self._stored_inducing_points()
-            return WhitenedPrior(self.output_dim, Z.shape[-2], dtype=Z.dtype, device=Z.device)
+            key = (self.output_dim, Z.shape[-2], Z.dtype, Z.device)
+            cached = self.__dict__.get("_whitened_prior")
+            if cached is None or cached[0] != key:
+                prior = WhitenedPrior(self.output_dim, Z.shape[-2], dtype=Z.dtype, device=Z.device)
+                self.__dict__["_whitened_prior"] = cached = (key, prior)
+            return cached[1]
         Z = self.current_inducing_inputs()
         M = Z.shape[-2]
         tril = self.kzz_cholesky()
