@@ -122,6 +122,7 @@ def fit(
     checkpoint_every: int = 500,
     resume: bool = False,
     optimizer: type[torch.optim.Optimizer] = torch.optim.Adam,
+    lr_decay: float = 1.0,
 ) -> FitResult:
     """Train ``guide`` (and the model's hyperparameters) by SVI.
 
@@ -133,6 +134,10 @@ def fit(
     :param checkpoint: file written every ``checkpoint_every`` steps, at the end, on
         divergence and on KeyboardInterrupt; ``resume=True`` continues from it exactly
         (parameters, optimizer moments, random streams, loss history).
+    :param lr_decay: the learning rate at the last step as a fraction of ``lr``, reached by
+        exponential decay over steps ``t = 0 .. num_steps - 1``,
+        ``lr_t = lr * lr_decay ** (t / (num_steps - 1))`` (``1``: constant). A
+        function of the step only, so a resumed run follows the same schedule.
     :raises TrainingDivergedError: on a NaN/inf loss, after restoring the last good parameters.
     """
     check_inputs(X)
@@ -143,6 +148,8 @@ def fit(
         batch_size = check_positive_int(batch_size, "batch_size")
     if not lr > 0:
         raise ValueError(f"lr must be positive, got {lr}")
+    if not 0 < lr_decay <= 1:
+        raise ValueError(f"lr_decay must be in (0, 1], got {lr_decay}")
     checkpoint_every = check_positive_int(checkpoint_every, "checkpoint_every")
     B = N if batch_size is None else min(batch_size, N)
     if B < N:
@@ -184,14 +191,16 @@ def fit(
             result.losses = list(state["losses"])
             start = result.resumed_from = int(state["step"])
 
-    def save(step: int) -> None:
+    def save(step: int, rng: dict | None = None) -> None:
+        """Checkpoint at the start of ``step``; ``rng``: the random state there, if the
+        streams have moved on since (a step cut short by an interrupt or a NaN)."""
         if path is not None:
             _save(path, {
                 "step": step,
                 "model": model.state_dict(),
                 "guide": guide.state_dict(),
                 "optimizer": opt.state_dict(),
-                "rng": _rng_state(generator),
+                "rng": rng if rng is not None else _rng_state(generator),
                 "losses": result.losses,
             })
 
@@ -201,13 +210,19 @@ def fit(
     last_good = [p.detach().clone() for p in params]
     bar = tqdm(total=num_steps, initial=start, disable=not progress, desc="SVI", leave=False)
     step = start
+    step_rng = None
     try:
         for step in range(start, num_steps):
+            if path is not None:  # ~60 us: only where a checkpoint may need it
+                step_rng = _rng_state(generator)
             if B < N:
                 idx = torch.randperm(N, generator=generator)[:B].to(X.device)
                 args = (X[idx], y[idx])
             else:
                 args = (X, y)
+            if lr_decay != 1:
+                for group in opt.param_groups:
+                    group["lr"] = lr * lr_decay ** (step / max(num_steps - 1, 1))
             opt.zero_grad()
             # Pyro's validation (distribution arguments, the mean-field check, finiteness of
             # layer inputs and targets) runs on the first step only: model, guide and data
@@ -224,7 +239,7 @@ def fit(
                 with torch.no_grad():
                     for p, good in zip(params, last_good, strict=True):
                         p.copy_(good)
-                save(step)
+                save(step, step_rng)
                 raise TrainingDivergedError(
                     f"the loss became {loss} at step {step}; the parameters were restored to "
                     f"their last values with a finite loss. Try a smaller lr (now {lr}), float64 "
@@ -244,7 +259,10 @@ def fit(
                 save(step + 1)
         step = num_steps
     except KeyboardInterrupt:
-        save(len(result.losses))
+        # the step in flight is dropped; the rest of the run resumes from its start exactly
+        # (unless the interrupt came between the update and the loss record)
+        interrupted = len(result.losses)
+        save(interrupted, step_rng if interrupted == step else None)
         raise
     finally:
         bar.close()

@@ -60,19 +60,23 @@ def test_same_seed_same_run(step):
     assert runs[0] == runs[1]
 
 
-def test_checkpoint_resume_is_exact(step, tmp_path):
+@pytest.mark.parametrize("lr_decay", [1.0, 0.1])
+def test_checkpoint_resume_is_exact(step, tmp_path, lr_decay):
     X, y = step.X_train, step.y_train
+    kw = dict(num_steps=20, batch_size=32, seed=5, progress=False, lr_decay=lr_decay)
     model, guide = _small(step)
-    full = dgp.fit(model, guide, X, y, num_steps=20, batch_size=32, seed=5, progress=False)
+    full = dgp.fit(model, guide, X, y, objective=Trace_ELBO(max_plate_nesting=1), **kw)
     reference = _state(model, guide)
 
     ckpt = tmp_path / "fit.pt"
     model, guide = _small(step)
-    dgp.fit(model, guide, X, y, num_steps=10, batch_size=32, seed=5, progress=False,
-            checkpoint=ckpt)
+    # interrupted at step 10 of 20 (so the learning-rate schedule is the 20-step one)
+    with pytest.raises(KeyboardInterrupt):
+        dgp.fit(model, guide, X, y, checkpoint=ckpt,
+                objective=_FailingELBO(at=11, exc=KeyboardInterrupt()), **kw)
     model, guide = _small(step)  # a fresh process would rebuild the objects
-    resumed = dgp.fit(model, guide, X, y, num_steps=20, batch_size=32, seed=5,
-                      progress=False, checkpoint=ckpt, resume=True)
+    resumed = dgp.fit(model, guide, X, y, checkpoint=ckpt, resume=True,
+                      objective=Trace_ELBO(max_plate_nesting=1), **kw)
     assert resumed.resumed_from == 10
     assert resumed.losses == full.losses
     state = _state(model, guide)
@@ -178,3 +182,22 @@ def test_student_t_regression_trains(step):
     assert r.losses[-1] < r.losses[0]
     pred = dgp.predict(model, guide, step.X_test, num_samples=20)
     assert torch.isfinite(pred.log_prob(step.y_test)).all()
+
+
+def test_lr_decay_schedule_and_bad_values(step):
+    X, y = step.X_train, step.y_train
+    seen = []
+
+    class Recording(torch.optim.Adam):
+        def step(self, closure=None):
+            seen.append(self.param_groups[0]["lr"])
+            return super().step(closure)
+
+    model, guide = _small(step)
+    dgp.fit(model, guide, X, y, num_steps=5, lr=0.02, lr_decay=0.01, optimizer=Recording,
+            seed=0, progress=False)
+    expected = [0.02 * 0.01 ** (t / 4) for t in range(5)]
+    assert seen == pytest.approx(expected, rel=1e-12)
+    for bad in (0.0, 1.5, -0.1):
+        with pytest.raises(ValueError, match="lr_decay"):
+            dgp.fit(model, guide, X, y, num_steps=2, lr_decay=bad, progress=False)
