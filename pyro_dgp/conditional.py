@@ -157,7 +157,7 @@ class _QuadraticDiagonal(torch.autograd.Function):
         g = grad.mT.unsqueeze(-2)  # (..., D, 1, N)
         d_Kzx = d_C = None
         if ctx.needs_input_grad[0]:
-            d_Kzx = 2 * (P * g).sum(-3)
+            d_Kzx = (P * (2 * g)).sum(-3)  # the factor 2 on the small (N, D) gradient
         if ctx.needs_input_grad[1]:
             D, M = P.shape[-3], P.shape[-2]
             gK = (Kzx.unsqueeze(-3) * g).flatten(-3, -2)  # (..., D M, N)

@@ -338,7 +338,12 @@ class PlainDSVI(_AdamStep):
             Kzz = Kzz + (kdiag - variance + self.jitter * kdiag) * torch.eye(
                 M, dtype=Kzz.dtype, device=Kzz.device)
             L = torch.linalg.cholesky(Kzz)
-            Kzx = variance * torch.exp(-0.5 * _sqdist(Zs, hs))  # (M, B)
+            # var exp(-|z - x|^2 / 2) as exp(z~ . x~), one thin GEMM (as ours computes K_ZX)
+            z_aug = torch.cat([Zs, p["log_variance"] - 0.5 * Zs.square().sum(-1, keepdim=True),
+                               torch.ones_like(Zs[:, :1])], -1)
+            x_aug = torch.cat([hs, torch.ones_like(hs[:, :1]),
+                               -0.5 * hs.square().sum(-1, keepdim=True)], -1)
+            Kzx = torch.exp(z_aug @ x_aug.mT)  # (M, B)
             raw = p["q_raw"]
             diag = raw.diagonal(dim1=-2, dim2=-1)
             S = raw.tril(-1) + torch.diag_embed(diag.exp())  # (D, M, M)
