@@ -44,14 +44,23 @@ SAMPLE_DIMS = ("chain", "draw")
 
 
 # ------------------------------------------------------------------------------------ KL
-def _gaussian_kl(loc: torch.Tensor, cov: torch.Tensor, layer, random_Z: bool = False) -> float:
-    """``KL(N(loc, cov) || p(u))`` for the flattened ``(D * M,)`` inducing outputs of
-    ``layer`` (row-major ``(D, M)``; the prior is block diagonal over the D rows).
+def _gaussian_kl(loc: torch.Tensor, cov: torch.Tensor | None, layer, tril=None,
+                 random_Z: bool = False) -> float:
+    """``KL(q || p(u))`` for the flattened ``(D * M,)`` inducing outputs of ``layer``
+    (row-major ``(D, M)``; the prior is block diagonal over the D rows), with ``q`` given by
+    its ``cov (DM, DM)`` or, better, by per-row Cholesky factors ``tril (D, M, M)`` (a
+    block-diagonal ``q``): refactorising ``tril tril^T`` loses the small eigenvalues' digits
+    (measured: 2.6e-4 nat in log det for a factor with diagonal 5e-4).
 
     With ``random_Z`` the layer's prior is batched over draws of its inducing inputs (set by
     ``layer.given_inducing_inputs``) and the KL is averaged over them."""
     with torch.no_grad():
-        L = torch.linalg.cholesky(cov)
+        if tril is not None:
+            L = torch.block_diag(*tril)
+            blocks = tril
+        else:
+            L = torch.linalg.cholesky(cov)
+            blocks = None
         logdet = 2 * L.diagonal().log().sum()
         if not random_Z:
             return float(gaussian_kl_to_layer_prior([layer], loc.reshape(-1), L, logdet_S=logdet))
@@ -59,9 +68,11 @@ def _gaussian_kl(loc: torch.Tensor, cov: torch.Tensor, layer, random_Z: bool = F
         D, M = prior.loc.shape[-2:]
         p_loc = prior.loc.reshape(-1, D, M)
         p_tril = prior.scale_tril.reshape(-1, D, M, M)
+        if blocks is None:  # Cholesky factors of the diagonal blocks S_dd of S
+            blocks = torch.linalg.cholesky(torch.stack(
+                [cov[d * M:(d + 1) * M, d * M:(d + 1) * M] for d in range(D)]))
         # 0.5 [tr(K^-1 S) + (mu - m)^T K^-1 (mu - m) - DM + log|K| - log|S|], K block diagonal
-        S_blocks = torch.stack([cov[d * M:(d + 1) * M, d * M:(d + 1) * M] for d in range(D)])
-        A = torch.linalg.solve_triangular(p_tril, torch.linalg.cholesky(S_blocks), upper=False)
+        A = torch.linalg.solve_triangular(p_tril, blocks, upper=False)
         diff = torch.linalg.solve_triangular(
             p_tril, (loc.reshape(D, M) - p_loc).unsqueeze(-1), upper=False)
         logdet_K = 2 * p_tril.diagonal(dim1=-2, dim2=-1).log().sum((-2, -1))
@@ -147,7 +158,7 @@ def layer_kl(
     if isinstance(guide, MeanField):
         for site in guide.layer_sites:
             loc, tril = guide.q_params(site)
-            gaussians[site.name] = (loc.reshape(-1), torch.block_diag(*(tril @ tril.mT)))
+            gaussians[site.name] = (loc.reshape(-1), None, tril)
     elif isinstance(guide, JointGaussian):  # Coupled, Chain: each layer's block
         gaussians = {site.name: guide.marginal(site) for site in guide.layer_sites}
     elif hasattr(guide, "inner"):
@@ -162,7 +173,9 @@ def layer_kl(
             Z = _drop_plate_dim(trace.nodes[f"{below[0]}.u"]["value"]).mT
         with layer.given_inducing_inputs(Z):
             if uname in gaussians:
-                out[lname] = _gaussian_kl(*gaussians[uname], layer, random_Z=Z is not None)
+                loc, cov, *tril = gaussians[uname]
+                out[lname] = _gaussian_kl(loc, cov, layer, tril=tril[0] if tril else None,
+                                          random_Z=Z is not None)
             else:
                 out[lname] = _mc_kl(trace, lname, layer)
         below = (lname, layer)

@@ -197,3 +197,37 @@ def test_trace_mean_field_is_warned_against_for_completed_joint_autoguides():
     guide = dgp.complete(AutoMultivariateNormal(dgp.inducing_only(model)), model)
     with pytest.warns(UserWarning, match="TraceMeanField_ELBO"):
         dgp.fit(model, guide, X, y, num_steps=2, objective="meanfield", progress=False)
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+@pytest.mark.parametrize("Guide", [Coupled, Chain])
+def test_joint_guides_start_at_meanfields_q(Guide, whiten):
+    """At initialisation the joint guides' KL is MeanField's (the same per-layer q, also for
+    unwhitened layers); after init_from a fitted MeanField, each layer's block marginal is
+    MeanField's q and the closed-form KL is the sum of its per-layer KLs."""
+    model, X, y = _model(whiten=whiten)
+    mf = dgp.guides.MeanField(model)
+    joint = Guide(model)
+    with torch.no_grad():
+        mf(X, y)
+        joint(X, y)
+    kl_mf = sum(dgp.diagnostics.layer_kl(model, mf, X).values())
+    assert float(joint.kl()) == pytest.approx(kl_mf, rel=1e-9)
+    dgp.fit(model, mf, X, y, num_steps=30, lr=0.05, progress=False)
+    joint.init_from(mf)
+    with torch.no_grad():
+        for site in joint.layer_sites:
+            mean, cov = joint.marginal(site)
+            loc, tril = mf.q_params(mf._sites[site.name.rsplit(".", 1)[0]])
+            torch.testing.assert_close(mean, loc.reshape(-1), rtol=1e-10, atol=1e-12)
+            torch.testing.assert_close(cov, torch.block_diag(*(tril @ tril.mT)), rtol=1e-9,
+                                       atol=1e-12)
+        kl_mf = sum(dgp.diagnostics.layer_kl(model, mf, X).values())
+        assert float(joint.kl()) == pytest.approx(kl_mf, rel=1e-9)
+    other = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6, hidden_dim=2)
+    stranger = dgp.guides.MeanField(other)
+    stranger(X, y)
+    with pytest.raises(ValueError, match="another model"):
+        joint.init_from(stranger)
+    with pytest.raises(ValueError, match="run both guides"):
+        Guide(model).init_from(mf)

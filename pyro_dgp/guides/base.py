@@ -16,6 +16,8 @@ So one guide serves a :class:`~pyro_dgp.DeepGP` and any hand-written model built
 
 from __future__ import annotations
 
+import math
+
 import pyro.distributions as dist
 import torch
 from pyro import poutine
@@ -184,6 +186,20 @@ class LayerGuide(PyroModule):
 
     def _before_run(self, *args, **kwargs) -> None:
         """Hook: draw anything needed before the model runs (e.g. joint samples)."""
+
+
+def initial_scale_tril(site: LayerSite, inner_variance: float) -> torch.Tensor:
+    """``(M, M)`` Cholesky factor of the initial ``Cov q(u)`` of ``site`` (REFERENCE.md §3):
+    ``c I`` in whitened coordinates, ``c = inner_variance`` for inner layers and ``1`` (the
+    prior) for the last; mapped to an unwhitened layer's ``u`` as ``c K_ZZ``, not ``c I``,
+    which against a near-singular ``K_ZZ`` would start the KL at ~``c tr(K_ZZ^-1)``."""
+    layer = site.layer
+    Z = layer.inducing_points.detach()
+    scale = 1.0 if site.is_last else math.sqrt(inner_variance)
+    if layer.whiten:
+        return scale * torch.eye(Z.shape[-2], dtype=Z.dtype, device=Z.device)
+    with torch.no_grad():
+        return scale * layer.kzz_cholesky()
 
 
 def mvn_site(loc: torch.Tensor, scale_tril: torch.Tensor) -> dist.Distribution:

@@ -22,7 +22,7 @@ from pyro.distributions import constraints
 from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
 
-from .base import LayerGuide, LayerSite
+from .base import LayerGuide, LayerSite, initial_scale_tril
 from .meanfield import deep_getattr
 
 __all__ = ["Chain", "Coupled", "JointGaussian", "gaussian_kl_to_layer_prior"]
@@ -174,21 +174,28 @@ class JointGaussian(LayerGuide):
 
     def _init_blocks(self):
         """Per layer ``(D, M, M)`` Cholesky factors of the initial covariance (MeanField's)."""
-        out = []
-        for site in self.layer_sites:
-            layer = site.layer
-            Z = layer.inducing_points.detach()
-            D, M = site.shape
-            eye = torch.eye(M, dtype=Z.dtype, device=Z.device)
-            if not site.is_last:
-                tril = math.sqrt(self.inner_variance) * eye
-            elif layer.whiten:
-                tril = eye
-            else:
-                with torch.no_grad():
-                    tril = layer.kzz_cholesky()
-            out.append(tril.expand(D, M, M))
-        return out
+        return [initial_scale_tril(site, self.inner_variance).expand(*site.shape, site.shape[-1])
+                for site in self.layer_sites]
+
+    def init_from(self, meanfield) -> None:
+        """Start at a (fitted) :class:`MeanField` guide's ``q`` of the same model: the same
+        per-layer Gaussians and no cross-layer terms, so the ELBO starts where mean-field's
+        is and training can only add dependence between layers."""
+        if not (self._set_up and meanfield._set_up):
+            raise ValueError("init_from: run both guides once (guide(X, y)) to create their "
+                             "parameters first")
+        if meanfield.model is not self.model:
+            raise ValueError("init_from: the MeanField guide belongs to another model")
+        with torch.no_grad():
+            blocks = []
+            for site in self.layer_sites:
+                loc, tril = meanfield.q_params(meanfield._sites[site.name.rsplit(".", 1)[0]])
+                blocks.append((loc.reshape(-1), torch.block_diag(*tril)))
+            self._set_blocks(blocks)
+
+    def _set_blocks(self, blocks: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Set ``q`` to independent layers ``N(loc_l (n_l,), tril_l tril_l^T)``."""
+        raise NotImplementedError
 
     def factor(self):
         """``(mean (T,), R (T, K), d (T,) or None, log det Cov q)``."""
@@ -256,8 +263,10 @@ class Coupled(JointGaussian):
         T = self.dim
         self.loc = PyroParam(torch.cat([s.layer.initial_u_loc().reshape(-1) for s in sites]))
         if self.rank is None:
-            self.scale_tril = PyroParam(torch.block_diag(*[b for blk in blocks for b in blk]),
-                                        constraints.lower_cholesky)
+            # stored raw: factor() applies _preconditioned_tril to it
+            self.scale_tril = PyroParam(
+                _raw_tril(torch.block_diag(*[b for blk in blocks for b in blk])),
+                constraints.lower_cholesky)
         else:
             var = torch.cat([(blk * blk).sum(-1).reshape(-1) for blk in blocks])
             g = torch.Generator(device="cpu").manual_seed(0)
@@ -272,6 +281,10 @@ class Coupled(JointGaussian):
             return self.loc, L, None, 2 * L.diagonal().log().sum()
         W = self.cov_factor / math.sqrt(self.cov_factor.shape[0])  # as _preconditioned_tril
         return self.loc, W, self.cov_diag, None
+
+    def _set_blocks(self, blocks):
+        self.set_joint(torch.cat([loc for loc, _ in blocks]),
+                       torch.block_diag(*[tril for _, tril in blocks]))
 
     def set_joint(self, loc: torch.Tensor, scale_tril: torch.Tensor) -> None:
         """Set ``q = N(loc (T,), scale_tril scale_tril^T)`` (full-rank Coupled only)."""
@@ -308,7 +321,7 @@ class Chain(JointGaussian):
             n = site.shape.numel()
             deep_setattr(self.locs, site.name, PyroParam(site.layer.initial_u_loc().reshape(n)))
             deep_setattr(self.scale_trils, site.name,
-                         PyroParam(torch.block_diag(*blk), constraints.lower_cholesky))
+                         PyroParam(_raw_tril(torch.block_diag(*blk)), constraints.lower_cholesky))
             if site.index > 0:
                 prev = sites[site.index - 1].shape.numel()
                 deep_setattr(self.couplings, site.name, PyroParam(blk.new_zeros(n, prev)))
@@ -321,6 +334,13 @@ class Chain(JointGaussian):
             raw = deep_getattr(self.couplings, site.name)
             B = raw / math.sqrt(raw.shape[-1])  # as _preconditioned_tril, per row of B
         return deep_getattr(self.locs, site.name), L, B
+
+    def _set_blocks(self, blocks):
+        sizes = [s.shape.numel() for s in self.layer_sites]
+        for site, (loc, tril) in zip(self.layer_sites, blocks, strict=True):
+            coupling = None if site.index == 0 else loc.new_zeros(loc.shape[-1],
+                                                                  sizes[site.index - 1])
+            self.set_block(site, loc, tril, coupling)
 
     def set_block(self, site: LayerSite, loc, scale_tril, coupling=None) -> None:
         """Set ``q(u^l | u^{l-1}) = N(loc + coupling (v_{l-1} - m_{l-1}), scale_tril ...)``.

@@ -11,7 +11,7 @@ from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
 from pyro.poutine.runtime import _PYRO_STACK
 
-from .base import LayerGuide, LayerSite, mvn_site
+from .base import LayerGuide, LayerSite, initial_scale_tril, mvn_site
 
 __all__ = ["MeanField"]
 
@@ -90,20 +90,13 @@ class MeanField(LayerGuide):
             layer = site.layer
             Z = layer.inducing_points.detach()
             D, M = site.shape
-            # the whitened initialisation (S = c I, c = inner_variance inside, 1 for the last
-            # layer) mapped to u's parameterisation: unwhitened S = c K_ZZ, not c I, which
-            # against a near-singular K_ZZ would start the KL at ~c tr(K_ZZ^-1) (thousands)
-            scale = 1.0 if site.is_last else math.sqrt(self.inner_variance)
-            if self._reparameterised(site):
+            if self._reparameterised(site):  # stored in whitened coordinates
+                scale = 1.0 if site.is_last else math.sqrt(self.inner_variance)
                 loc = Z.new_zeros(D, M)
                 tril = scale * torch.eye(M, dtype=Z.dtype, device=Z.device)
             else:
                 loc = layer.initial_u_loc()
-                if layer.whiten:
-                    tril = scale * torch.eye(M, dtype=Z.dtype, device=Z.device)
-                else:
-                    with torch.no_grad():
-                        tril = scale * layer.kzz_cholesky()
+                tril = initial_scale_tril(site, self.inner_variance)
             deep_setattr(self.locs, site.name, PyroParam(loc))
             deep_setattr(
                 self.scale_trils,
