@@ -71,6 +71,9 @@ def _gaussian_kl(loc: torch.Tensor, cov: torch.Tensor | None, layer, tril=None,
         if blocks is None:  # Cholesky factors of the diagonal blocks S_dd of S
             blocks = torch.linalg.cholesky(torch.stack(
                 [cov[d * M:(d + 1) * M, d * M:(d + 1) * M] for d in range(D)]))
+        # gaussian_kl_to_layer_prior's formula, batched over the draws of Z: that function
+        # takes a (DM, T) factor, which over S draws would cost S D M T memory (1.3 GB for
+        # S = 256, D = 8, M = 100) where the per-row blocks cost S D M^2.
         # 0.5 [tr(K^-1 S) + (mu - m)^T K^-1 (mu - m) - DM + log|K| - log|S|], K block diagonal
         A = torch.linalg.solve_triangular(p_tril, blocks, upper=False)
         diff = torch.linalg.solve_triangular(
