@@ -29,7 +29,8 @@ def _ours_eps(ours, X, y, seed):
 # (rtol of the loss, of the gradients): the projected form is the same arithmetic in both, to
 # rounding; the quadratic form loses ~eps cond(K_ZZ), which each side rounds differently
 # (measured here: loss 1.4e-10, the second layer's Z gradient 4.4e-5 relative)
-TOLERANCES = {False: (1e-10, 1e-7), True: (1e-9, 2e-4)}
+# (loss, q_loc and noise gradients, Z gradient)
+TOLERANCES = {False: (1e-10, 1e-8, 1e-7), True: (1e-9, 2e-4, 2e-4)}
 
 
 @pytest.mark.parametrize("quadratic", [False, True])
@@ -43,7 +44,7 @@ def test_plain_floor_matches_ours_loss_and_gradients(hidden, quadratic):
         ours.step(X[batches[0]], y[batches[0]])
     plain = PlainDSVI.from_ours(ours.model, ours.guide, quadratic=quadratic)
     Xb, yb = X[batches[1]], y[batches[1]]
-    rtol_loss, rtol_grad = TOLERANCES[quadratic]
+    rtol_loss, rtol_grad, rtol_z = TOLERANCES[quadratic]
     with quadratic_form(quadratic):
         eps = _ours_eps(ours, Xb, yb, seed=11)
         assert len(eps) == cfg.num_layers - 1
@@ -64,7 +65,7 @@ def test_plain_floor_matches_ours_loss_and_gradients(hidden, quadratic):
     noise_ours = ours.model.likelihood.variance_unconstrained.grad
     torch.testing.assert_close(plain.log_noise.grad, noise_ours, rtol=rtol_grad, atol=1e-8)
     z_ours = ours.model.layers[1].inducing_points_unconstrained.grad
-    torch.testing.assert_close(plain.layers[1]["Z"].grad, z_ours, rtol=rtol_grad, atol=1e-8)
+    torch.testing.assert_close(plain.layers[1]["Z"].grad, z_ours, rtol=rtol_z, atol=1e-8)
 
 
 def test_all_three_implementations_step(capsys):
