@@ -51,6 +51,7 @@ from pyro import poutine
 from pyro.distributions import Delta, MaskedDistribution
 from pyro.poutine.util import site_is_subsample
 
+from .guides.base import shared_draws
 from .layer import LAYER, marginal_of, site_role
 from .likelihoods import _Expected
 from .rng import seeded
@@ -101,7 +102,7 @@ def _unwrap(fn):
 
 def _trace_guide(guide, args, S: int, replay_trace=None):
     fn = guide if replay_trace is None else poutine.replay(guide, trace=replay_trace)
-    with pyro.plate(SAMPLE_PLATE, S, dim=-2):
+    with pyro.plate(SAMPLE_PLATE, S, dim=-2), shared_draws(guide):  # f^l: sample paths
         return poutine.trace(fn).get_trace(*args)
 
 

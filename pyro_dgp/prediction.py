@@ -9,6 +9,7 @@ import torch
 from pyro import poutine
 from torch.special import ndtr
 
+from .guides.base import shared_draws
 from .layer import marginal_of, site_role
 from .likelihoods import Gaussian, Likelihood
 from .rng import seeded
@@ -165,7 +166,9 @@ def predict(
         raise ValueError("predict() needs a model with a .likelihood (e.g. pyro_dgp.DeepGP)")
     last = model.layers[-1].name + ".f" if hasattr(model, "layers") else None
     locs, vars_ = [], []
-    with torch.no_grad(), seeded(seed, X.device):
+    # one U per draw for all points: per-point draws (a training estimator) would give the
+    # same per-point mixtures at O(N) times the sampling cost
+    with torch.no_grad(), seeded(seed, X.device), shared_draws(guide):
         for chunk in X.split(batch_size, dim=-2):
             with pyro.plate("_predictive_samples", S, dim=-2):
                 trace = poutine.trace(guide).get_trace(chunk)

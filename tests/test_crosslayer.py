@@ -1,10 +1,12 @@
 """Cross-layer guides: closed-form KL, Chain = Coupled for matched parameters, unbiasedness."""
 
+import contextlib
 import math
 
 import pyro
 import pytest
 import torch
+from pyro import poutine
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from torch.distributions import MultivariateNormal, kl_divergence
 
@@ -95,15 +97,47 @@ def test_chain_represents_the_same_joint_as_coupled(whiten):
         torch.testing.assert_close(m_chain, mean)
         torch.testing.assert_close(S_chain, L @ L.mT)
         assert float(chain.kl()) == pytest.approx(float(coupled.kl()), rel=1e-9)
-    # same joint, different estimators (Chain collapses the last layer): same ELBO mean, and
-    # Chain's estimate has the lower variance
-    pyro.set_rng_seed(0)
-    a = _estimates(Trace_ELBO(), model, chain, X, y, 600)
-    b = _estimates(Trace_ELBO(), model, coupled, X, y, 600)
+    # same joint and the same estimator (both collapse the last layer): the same ELBO mean
+    for per_point in (True, False):
+        coupled.per_point = chain.per_point = per_point
+        pyro.set_rng_seed(0)
+        a = _estimates(Trace_ELBO(), model, chain, X, y, 600)
+        b = _estimates(Trace_ELBO(), model, coupled, X, y, 600)
+        se = math.sqrt(float(a.var() / len(a) + b.var() / len(b)))
+        assert abs(float(a.mean() - b.mean())) < 3 * se
+
+
+@pytest.mark.parametrize("Guide", [Coupled, Chain])
+def test_per_point_draws_lower_the_variance_and_shared_draws_give_sample_paths(Guide):
+    model, X, y = _model()
+    guide = Guide(model)
+    guide(X, y)
+    mean, L = _random_joint(guide.dim, seed=5)
+    if Guide is Coupled:
+        _set_coupled(guide, mean, L)
+    else:
+        _chain_from_joint(guide, mean, L @ L.mT)
+    assert guide.per_point is None and guide.draws_per_point()  # T = 18 <= 512
+    pyro.set_rng_seed(1)
+    est = {}
+    for per_point in (True, False):
+        guide.per_point = per_point
+        est[per_point] = _estimates(Trace_ELBO(), model, guide, X, y, 400)
+    a, b = est[True], est[False]
     se = math.sqrt(float(a.var() / len(a) + b.var() / len(b)))
-    assert abs(float(a.mean() - b.mean())) < 3 * se
-    print(f"variance ratio chain/coupled = {float(a.var() / b.var()):.3f}")
-    assert float(a.var()) < float(b.var())
+    assert abs(float(a.mean() - b.mean())) < 3 * se  # both unbiased for the same ELBO
+    print(f"variance ratio per-point/shared = {float(a.var() / b.var()):.3f}")
+    assert float(a.var()) < 0.5 * float(b.var())
+    # per point, f^1 is not the function given the trace's u^1; under shared_draws it is
+    layer1 = model.layers[0]
+    guide.per_point = True
+    for shared in (False, True):
+        with torch.no_grad(), guide.shared_draws() if shared else contextlib.nullcontext():
+            trace = poutine.trace(guide).get_trace(X, y)
+            loc = dgp.layer.marginal_of(trace.nodes["layer1.f"]["value"])[0]
+            given_u = layer1.conditional(X, trace.nodes["layer1.u"]["value"])[0]
+        assert torch.allclose(loc, given_u) == shared
+    assert guide.draws_per_point()  # the context is left
 
 
 def _estimates(elbo, model, guide, X, y, n):
@@ -143,22 +177,36 @@ def _brute_force_elbo(model, mean, S, X, y, n=20000, seed=7):
     return float(ell.mean() - kl), float(ell.std() / math.sqrt(n))
 
 
-@pytest.mark.parametrize("Guide", [Coupled, Chain])
-def test_cross_layer_estimators_are_unbiased(Guide):
+@pytest.mark.parametrize("per_point", [True, False])
+@pytest.mark.parametrize("name", ["coupled", "coupled-lowrank", "chain"])
+def test_cross_layer_estimators_are_unbiased(name, per_point):
     model, X, y = _model(N=12, M=4, hidden=1)
     for layer in model.layers:  # tiny jitter so the brute force needs no jitter model
         layer.jitter = 1e-12
-    coupled = Coupled(model)
+    coupled = Coupled(model, per_point=per_point)
     coupled(X, y)
     mean, L = _random_joint(coupled.dim, seed=4, scale=0.2)
-    if Guide is Coupled:
+    S = L @ L.mT
+    if name == "coupled":
         guide = coupled
         _set_coupled(guide, mean, L)
-    else:
-        guide = Chain(model)
+    elif name == "chain":
+        guide = Chain(model, per_point=per_point)
         guide(X, y)
-        _chain_from_joint(guide, mean, L @ L.mT)
-    reference, ref_se = _brute_force_elbo(model, mean, L @ L.mT, X, y)
+        _chain_from_joint(guide, mean, S)
+    else:  # W W^T + diag(d): the last layer collapses over the diagonal part's noise
+        guide = Coupled(model, rank=2, per_point=per_point)
+        guide(X, y)
+        g = torch.Generator().manual_seed(6)
+        with torch.no_grad():
+            guide.loc_unconstrained.copy_(mean)
+            guide.cov_factor_unconstrained.copy_(torch.randn(guide.dim, 2, generator=g,
+                                                             dtype=DT))
+            guide.cov_diag_unconstrained.copy_(torch.randn(guide.dim, generator=g,
+                                                           dtype=DT) - 2)
+            _, W, d, _ = guide.factor()
+            S = W @ W.mT + torch.diag(d)
+    reference, ref_se = _brute_force_elbo(model, mean, S, X, y)
     pyro.set_rng_seed(3)
     est = _estimates(Trace_ELBO(), model, guide, X, y, 1500)
     se = math.sqrt(float(est.var()) / len(est) + ref_se**2)
@@ -231,3 +279,28 @@ def test_joint_guides_start_at_meanfields_q(Guide, whiten):
         joint.init_from(stranger)
     with pytest.raises(ValueError, match="run both guides"):
         Guide(model).init_from(mf)
+
+
+def test_block_preconditioner_keeps_within_block_entries_and_scales_cross_blocks():
+    from pyro_dgp.guides.joint import _preconditioned_tril, _raw_tril, block_preconditioner
+
+    like = torch.zeros((), dtype=DT)
+    scale = block_preconditioner([2, 2, 3], like)
+    assert scale.shape == (7, 7) and scale.dtype == DT
+    assert torch.equal(scale[:2, :2], torch.ones(2, 2, dtype=DT))
+    assert torch.equal(scale[4:, 4:], torch.ones(3, 3, dtype=DT))
+    assert torch.allclose(scale[2:4, :2], torch.full((2, 2), 2**-0.5, dtype=DT))
+    assert torch.allclose(scale[4:, :4], torch.full((3, 4), 2**-0.5, dtype=DT))
+    assert torch.equal(block_preconditioner([5], like), torch.ones(5, 5, dtype=DT))
+    raw = torch.randn(7, 7, dtype=DT).tril()
+    L = _preconditioned_tril(raw, scale)
+    torch.testing.assert_close(L.diagonal(), raw.diagonal(), rtol=0, atol=0)
+    assert torch.equal(L.triu(1), torch.zeros(7, 7, dtype=DT))
+    torch.testing.assert_close(_raw_tril(L, scale), raw, rtol=1e-15, atol=0)
+    # a joint guide's per-layer blocks are parameterised as MeanField's: one unit of a raw
+    # within-block entry is one unit of the factor
+    model, X, y = _model()
+    guide = Coupled(model)
+    guide(X, y)
+    grad, = torch.autograd.grad(guide.factor()[1][1, 0], guide.scale_tril_unconstrained)
+    assert float(grad[1, 0]) == pytest.approx(1.0)

@@ -25,6 +25,7 @@ from pyro import poutine
 
 from .. import datasets, kernels
 from ..guides import Chain, Coupled, MeanField
+from ..guides.base import shared_draws
 from ..layer import GPLayer
 from ..likelihoods import Gaussian
 from ..model import DeepGP
@@ -73,7 +74,7 @@ def build_model(X, y, inducing: str, M: int = 20) -> DeepGP:
 
 
 def _draws(guide, X, S):
-    with torch.no_grad(), pyro.plate("_draws", S, dim=-2):
+    with torch.no_grad(), pyro.plate("_draws", S, dim=-2), shared_draws(guide):
         return poutine.trace(guide).get_trace(X)
 
 

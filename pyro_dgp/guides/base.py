@@ -16,7 +16,9 @@ So one guide serves a :class:`~pyro_dgp.DeepGP` and any hand-written model built
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import pyro.distributions as dist
 import torch
@@ -28,7 +30,7 @@ from pyro.poutine.util import site_is_subsample
 from ..layer import LAYER, SAMPLED_U_ONLY, FunctionMarginal, GPLayer, site_role
 from ..model import unique_name
 
-__all__ = ["LayerGuide", "LayerSite", "mvn_site", "prototype_sites"]
+__all__ = ["LayerGuide", "LayerSite", "mvn_site", "prototype_sites", "shared_draws"]
 
 _HIDE = "_dgp_hide"
 
@@ -133,6 +135,7 @@ class LayerGuide(PyroModule):
         self._sites: dict[str, LayerSite] = {}
         self._supplied: dict[str, torch.Tensor] = {}
         self._set_up = False
+        self._shared_only = False
 
     @property
     def model(self):
@@ -186,6 +189,24 @@ class LayerGuide(PyroModule):
 
     def _before_run(self, *args, **kwargs) -> None:
         """Hook: draw anything needed before the model runs (e.g. joint samples)."""
+
+    @contextlib.contextmanager
+    def shared_draws(self) -> Iterator[LayerGuide]:
+        """Within this context every guide run draws one ``U`` for all data points, so the
+        ``<layer>.f`` values of a trace are one composition of functions (sample paths), also
+        for a guide that trains with per-point draws (``per_point``)."""
+        previous, self._shared_only = self._shared_only, True
+        try:
+            yield self
+        finally:
+            self._shared_only = previous
+
+
+def shared_draws(guide) -> contextlib.AbstractContextManager:
+    """:meth:`LayerGuide.shared_draws` for a library guide; a no-op context for any other
+    callable (e.g. a plain Pyro guide)."""
+    method = getattr(guide, "shared_draws", None)
+    return method() if method is not None else contextlib.nullcontext()
 
 
 def initial_scale_tril(site: LayerSite, inner_variance: float) -> torch.Tensor:
