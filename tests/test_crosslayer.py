@@ -226,7 +226,7 @@ def test_trace_mean_field_elbo_equals_trace_elbo_for_joint_guides(Guide):
     assert values[0] == pytest.approx(values[1], rel=1e-12)
 
 
-@pytest.mark.parametrize("name", ["coupled", "coupled-lowrank", "chain"])
+@pytest.mark.parametrize("name", ["coupled", "coupled-lowrank", "chain", "chain-per-point"])
 def test_cross_layer_guides_train(name):
     from pyro_dgp.guides.registry import make_guide
 

@@ -199,3 +199,46 @@ def test_locations_layer_kl_averages_over_the_random_inducing_inputs():
         se = float((logq - prior.log_prob(trace.nodes["layer2.u"]["value"].reshape(-1, 6)))
                    .std()) / 2000**0.5
     assert mc == pytest.approx(kl["layer2"], abs=4 * se)
+
+
+def test_per_point_draws_are_unbiased_and_lower_the_gradient_variance():
+    """The feeding layer's u drawn per point (each point's draw is the next layer's Z for that
+    point) against one shared draw (seed 003's estimator): the same ELBO within 3 standard
+    errors, a lower variance of the gradient; under shared_draws the f values follow the
+    site's u."""
+    import math
+
+    model, X, y = _locations_model()
+    guide = dgp.guides.MeanField(model, per_point=False)
+    dgp.fit(model, guide, X, y, num_steps=300, lr=0.02, seed=0, progress=False)
+    params = list(guide.parameters())
+    est, grad_var = {}, {}
+    for per_point in (True, False):
+        guide.per_point = per_point
+        pyro.set_rng_seed(2)
+        losses, grads = [], []
+        for _ in range(300):
+            loss = TraceMeanField_ELBO().differentiable_loss(model, guide, X, y)
+            grads.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)]))
+            losses.append(-float(loss.detach()))
+        est[per_point] = torch.tensor(losses, dtype=DT)
+        grad_var[per_point] = float(torch.stack(grads).var(0).sum())
+    a, b = est[True], est[False]
+    se = math.sqrt(float(a.var() / len(a) + b.var() / len(b)))
+    assert abs(float(a.mean() - b.mean())) < 3 * se
+    print(f"gradient variance per-point/shared = {grad_var[True] / grad_var[False]:.3f}")
+    assert grad_var[True] < 0.5 * grad_var[False]
+    guide.per_point = True
+    layer1 = model.layers[0]
+    for shared in (False, True):
+        with torch.no_grad(), guide.shared_draws() if shared else _null():
+            trace = poutine.trace(guide).get_trace(X, y)
+            loc = dgp.layer.marginal_of(trace.nodes["layer1.f"]["value"])[0]
+            given_u = layer1.conditional(X, trace.nodes["layer1.u"]["value"])[0]
+        assert torch.allclose(loc, given_u) == shared
+
+
+def _null():
+    import contextlib
+
+    return contextlib.nullcontext()

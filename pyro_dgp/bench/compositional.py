@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import sys
@@ -46,6 +47,11 @@ FAMILIES = {
     "chain (from mean-field)": ("fixed", Chain),
     # the control for those two: the mean-field guide itself trained for the same extra steps
     "mean-field (continued)": ("fixed", MeanField),
+    # ablations of the estimator: one draw of U shared by all points (per_point=False)
+    "coupled (shared draws)": ("fixed", functools.partial(Coupled, per_point=False)),
+    "chain (shared draws)": ("fixed", functools.partial(Chain, per_point=False)),
+    "inducing-as-locations (shared draws)": ("locations",
+                                             functools.partial(MeanField, per_point=False)),
 }
 DEFAULT_FAMILIES = ["mean-field", "coupled", "chain", "inducing-as-locations"]
 PUBLISHED = {  # seed 003 Table 1: mean +- sd over 10 trials

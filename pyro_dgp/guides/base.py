@@ -97,7 +97,7 @@ class _Redirect(Messenger):
             infer = msg["infer"]
             x, u = infer["dgp_input"], infer["dgp_u"]
             if infer.get(SAMPLED_U_ONLY):
-                loc, var = LayerGuide.f_marginal(self.guide, site, x, u)
+                loc, var = self.guide.f_given_u(site, x, u)
             else:
                 loc, var = self.guide.f_marginal(site, x, u)
             msg["fn"] = FunctionMarginal(loc, var).mask(False)
@@ -174,6 +174,12 @@ class LayerGuide(PyroModule):
         Default, the sampled-u estimator: the model's own conditional ``p(f | u, f_prev)``,
         exact for any ``q(u)`` since ``u`` was drawn from ``q``.
         """
+        return site.layer.conditional(x, u)
+
+    def f_given_u(self, site: LayerSite, x: torch.Tensor, u: torch.Tensor):
+        """``(loc, var)`` of ``f`` at a layer whose ``u`` is also the next layer's inducing
+        inputs, so ``f`` must be drawn given a ``u`` drawn from ``q`` (a collapsed ``f`` would
+        lose its link to that input). Default: given the site's own draw ``u``."""
         return site.layer.conditional(x, u)
 
     def forward(self, *args, **kwargs):

@@ -19,12 +19,12 @@ Estimator of ``E_q log p(y | f^L)``, shared by both guides:
   reparameterisation, as DSVI's collapsed ``f`` draws are per point). The expected
   log-likelihood is a sum over points of expectations under the same ``q(U)``, so each term may
   use its own draw: unbiased, and the noise of one shared ``U`` no longer hits every point's
-  gradient at once. Measured on the seed 003 toy (MeanField with ``collapsed=False``, which
-  shares one ``U`` per step, against ``collapsed=True``, per point): ELBO -34 to -255 against
-  23 to 30 after the same 4000 steps. Cost: ``O(N T^2)`` per step for the draws (``T`` below),
-  against ``O(T^2)`` for one shared draw; the default ``per_point=None`` uses it while
-  ``T <= 512``. The ``<layer>.f`` values of a per-point trace are then not one
-  function's values: take sample paths under :meth:`~pyro_dgp.guides.base.LayerGuide.shared_draws`.
+  gradient at once. Measured on seed 003's toy after 1000 steps (``Coupled``, 200 gradients):
+  the summed variance of the gradient is 5.7 times lower than with one shared draw. Cost:
+  ``O(N T^2)`` per step for the draws (``T`` below), against ``O(T^2)`` for one shared draw;
+  the default ``per_point=None`` uses it while ``T <= 512``. The ``<layer>.f`` values of a
+  per-point trace are not one function's values: take sample paths under
+  :meth:`~pyro_dgp.guides.base.LayerGuide.shared_draws`.
 """
 
 from __future__ import annotations

@@ -21,9 +21,13 @@ _AUTO = {
 GUIDES = {
     "meanfield": "mean-field Gaussian per layer, collapsed estimator (DSVI)",
     "meanfield-sampled": "mean-field Gaussian per layer, sampled-u estimator",
-    "coupled": "one Gaussian over all layers' inducing outputs (full covariance)",
+    "coupled": "one Gaussian over all layers' inducing outputs (full covariance), last layer "
+               "collapsed; per-point draws while T <= 512",
+    "coupled-per-point": "coupled, always drawing the inducing outputs per data point",
     "coupled-lowrank": "one Gaussian over all layers, low-rank-plus-diagonal covariance",
-    "chain": "chain-structured Gaussian q(u1) prod q(ul | ul-1), last layer collapsed",
+    "chain": "chain-structured Gaussian q(u1) prod q(ul | ul-1), last layer collapsed; "
+             "per-point draws while T <= 512",
+    "chain-per-point": "chain, always drawing the inducing outputs per data point",
     "autonormal": "Pyro AutoNormal over the inducing outputs, completed",
     "automvn": "Pyro AutoMultivariateNormal over all inducing outputs, completed",
     "autolowrank": "Pyro AutoLowRankMultivariateNormal, completed",
@@ -39,10 +43,14 @@ def make_guide(name: str, model):
         return MeanField(model, collapsed=False)
     if name == "coupled":
         return Coupled(model)
+    if name == "coupled-per-point":
+        return Coupled(model, per_point=True)
     if name == "coupled-lowrank":
         return Coupled(model, rank=10)
     if name == "chain":
         return Chain(model)
+    if name == "chain-per-point":
+        return Chain(model, per_point=True)
     if name in _AUTO:
         return complete(_AUTO[name](inducing_only(model)), model)
     raise ValueError(f"unknown guide {name!r}; choose from {sorted(GUIDES)}")
