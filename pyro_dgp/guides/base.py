@@ -25,6 +25,7 @@ import torch
 from pyro import poutine
 from pyro.nn import PyroModule
 from pyro.poutine.messenger import Messenger
+from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.util import site_is_subsample
 
 from ..layer import LAYER, SAMPLED_U_ONLY, FunctionMarginal, GPLayer, site_role
@@ -195,6 +196,10 @@ class LayerGuide(PyroModule):
 
     def _before_run(self, *args, **kwargs) -> None:
         """Hook: draw anything needed before the model runs (e.g. joint samples)."""
+
+    def _running(self) -> bool:
+        """Whether this guide's own run (its _Redirect messenger) is on Pyro's stack."""
+        return any(getattr(m, "guide", None) is self for m in _PYRO_STACK)
 
     @contextlib.contextmanager
     def shared_draws(self) -> Iterator[LayerGuide]:

@@ -266,7 +266,7 @@ class JointGaussian(LayerGuide):
         """``(v, last_loc)`` as :class:`_JointDraw` keeps them. ``R`` is lower triangular (full
         rank), so the last block's own noise is ``eps[T - n_L:]``; with ``W W^T + diag d`` it
         is the diagonal part's."""
-        mean, R, d, _ = self.factor()
+        mean, R, d, _ = self._factor_of_run()
         lo = self._offsets()[-1]
         eps = torch.randn(batch_shape + (R.shape[-1],), dtype=mean.dtype, device=mean.device)
         if d is None:
@@ -280,7 +280,7 @@ class JointGaussian(LayerGuide):
     def last_scale(self) -> torch.Tensor:
         """``(n_L, K)``: a factor of ``Cov(vec u^L | all other noise)`` (see
         :meth:`_draw_with_last_loc`)."""
-        _, R, d, _ = self.factor()
+        _, R, d, _ = self._factor_of_run()
         lo = self._offsets()[-1]
         return R[lo:, lo:] if d is None else torch.diag(d[lo:].sqrt())
 
@@ -297,13 +297,20 @@ class JointGaussian(LayerGuide):
 
     def kl(self) -> torch.Tensor:
         """``KL(q(U) || p(U))``, closed form."""
-        mean, R, d, logdet = self.factor()
+        mean, R, d, logdet = self._factor_of_run()
         return gaussian_kl_to_layer_prior([s.layer for s in self.layer_sites], mean, R, d, logdet)
 
+    def _factor_of_run(self):
+        """:meth:`factor`, built once per guide run (a ``T x T`` factor and its transforms
+        otherwise cost a pass each for the KL, each draw and the collapse)."""
+        cached = self.__dict__.get("_run_factor")
+        return cached if cached is not None and self._running() else self.factor()
+
     def _before_run(self, *args, **kwargs):
+        self.__dict__["_run_factor"] = factor = self.factor()
         self._draw = _JointDraw(self._draw_with_last_loc)
         self._point_draws = _JointDraw(self._draw_with_last_loc)
-        self._kl = self.kl()
+        self._kl = gaussian_kl_to_layer_prior([s.layer for s in self.layer_sites], *factor)
 
     def u_site(self, site):
         extra = self._kl if site.index == 0 else 0.0

@@ -9,7 +9,6 @@ import torch
 from pyro.distributions import constraints
 from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
-from pyro.poutine.runtime import _PYRO_STACK
 
 from .base import LayerGuide, LayerSite, initial_scale_tril, mvn_site
 
@@ -161,10 +160,6 @@ class MeanField(LayerGuide):
         # pyro.param statements and a lower-Cholesky transform (and its backward)
         self._run_q = {}
         self._point_u = {}  # per-point draws of u (..., N, D, M) by layer index
-
-    def _running(self) -> bool:
-        """Whether this guide's own run (its _Redirect messenger) is on Pyro's stack."""
-        return any(getattr(m, "guide", None) is self for m in _PYRO_STACK)
 
     def u_site(self, site):
         loc, scale_tril = self.q_params(site)
