@@ -20,7 +20,8 @@ Estimator of ``E_q log p(y | f^L)``, shared by both guides:
   log-likelihood is a sum over points of expectations under the same ``q(U)``, so each term may
   use its own draw: unbiased, and the noise of one shared ``U`` no longer hits every point's
   gradient at once. Measured on seed 003's toy after 1000 steps (``Coupled``, 200 gradients):
-  the summed variance of the gradient is 5.7 times lower than with one shared draw. Cost:
+  the summed variance of the gradient is 5.7 to 6.6 times lower than with one shared draw
+  (two measurements, 200 gradients each, before and after the final preconditioner). Cost:
   ``O(N T^2)`` per step for the draws (``T`` below), against ``O(T^2)`` for one shared draw;
   the default ``per_point=None`` uses it while ``T <= 512``. The ``<layer>.f`` values of a
   per-point trace are not one function's values: take sample paths under
@@ -98,13 +99,14 @@ def block_preconditioner(sizes: list[int], like: torch.Tensor) -> torch.Tensor:
     between blocks.
 
     Adam moves every coordinate by about ``lr`` per step, so a row of free entries moves by
-    about ``lr sqrt(width)``. Within a block that is MeanField's rate, which these scales keep,
-    so a joint guide started from a fitted MeanField continues as MeanField would. Across
-    blocks, the thousands of cross-output entries of a wide factor moving at that rate inflate
-    the inner layers' covariance early in training and stall it (measured on boston, D = 13,
-    M = 50 and M = 100: Chain at 2000 steps had test log-likelihood -3.05 with the cross
-    entries scaled by ``1/sqrt(b - 1)`` for ``b`` blocks, against -2.15 for MeanField); scaled
-    by ``1/sqrt(n)``, the cross part of a row moves by about ``lr`` whatever its width.
+    about ``lr sqrt(width)``. Within a block that is MeanField's rate, which these scales keep:
+    a joint guide's per-layer blocks are parameterised as MeanField's. Across blocks, the
+    thousands of cross-output entries of a wide factor moving at that rate inflate the inner
+    layers' covariance early in training and stall it. Measured on boston (D = 13; M = 50 in
+    session 1, M = 100 here): Chain at 2000 steps, split 0, had test log-likelihood -3.05 with
+    the cross entries scaled by ``1/sqrt(b - 1)`` for ``b`` blocks, against -2.15 for
+    MeanField. Scaled by ``1/sqrt(n)``, the cross part of a row moves by about ``lr`` whatever
+    its width.
     """
     ids = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
     cross = 1.0 / math.sqrt(sum(sizes))
