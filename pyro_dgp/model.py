@@ -8,6 +8,7 @@ import itertools
 import numpy as np
 import pyro
 import torch
+from pyro.infer.util import is_validation_enabled
 from pyro.nn import PyroModule
 from scipy.cluster.vq import kmeans2
 
@@ -130,7 +131,9 @@ class DeepGP(PyroModule):
         return self.layers[0].input_dim
 
     def forward(self, X: torch.Tensor, y: torch.Tensor | None = None):
-        check_inputs(X, self.input_dim)
+        # finiteness with Pyro's validation only: fit checks the data once, then runs its
+        # steps without validation
+        check_inputs(X, self.input_dim, finite=is_validation_enabled())
         B = X.shape[-2]
         N = self.num_data if self.num_data is not None and self.num_data >= B else B
         plate = pyro.plate("data", N, subsample=torch.arange(B, device=X.device), dim=-1)

@@ -16,8 +16,9 @@ def _finite(t: torch.Tensor, label: str) -> None:
         raise ValueError(f"{label} contains {n} NaN or inf value(s)")
 
 
-def check_inputs(X, input_dim: int | None = None, label: str = "X") -> None:
-    """``X`` must be a finite float tensor of shape ``(..., N, D)``."""
+def check_inputs(X, input_dim: int | None = None, label: str = "X", finite: bool = True) -> None:
+    """``X`` must be a float tensor of shape ``(..., N, D)``, and finite unless
+    ``finite=False`` (the finiteness check is a pass over ``X`` and a host sync)."""
     if not isinstance(X, torch.Tensor):
         raise TypeError(f"{label} must be a torch.Tensor, got {type(X).__name__}")
     if X.dim() < 2:
@@ -27,7 +28,10 @@ def check_inputs(X, input_dim: int | None = None, label: str = "X") -> None:
         )
     if input_dim is not None and X.shape[-1] != input_dim:
         raise ValueError(f"{label} has {X.shape[-1]} columns, expected {input_dim}")
-    _finite(X, label)
+    if finite:
+        _finite(X, label)
+    elif not torch.is_floating_point(X):
+        raise TypeError(f"{label} must be a floating-point tensor, got dtype {X.dtype}")
 
 
 def check_targets(y, num_data: int, label: str = "y", binary: bool = False) -> None:

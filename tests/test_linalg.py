@@ -237,7 +237,7 @@ def test_conditional_with_batch_dims(whiten, gaussian, quadratic):
 def test_quadratic_form_has_the_projected_forms_gradients(gaussian):
     """The quadratic form (custom backward) and the projected form (autograd) are the same
     function: equal values and gradients for Kzx, L, kxx, m and S, with batch dims."""
-    from pyro_dgp.conditional import _QuadraticDiagonal
+    from pyro_dgp.conditional import _QuadraticConditional
 
     g, Kzz, L, Kzx, kxx = _problem(seed=4, batch=(3,))
     loc = torch.randn(DOUT, M, generator=g, dtype=DT)
@@ -259,7 +259,11 @@ def test_quadratic_form_has_the_projected_forms_gradients(gaussian):
         C = torch.randn(D, M, M, generator=g, dtype=DT)
         C = (C + C.mT).requires_grad_()
         K = Kzx.clone().requires_grad_()
-        assert torch.autograd.gradcheck(_QuadraticDiagonal.apply, (K, C))
+        alpha = torch.randn(M, D, generator=g, dtype=DT, requires_grad=True)
+        assert torch.autograd.gradcheck(lambda K, C: _QuadraticConditional.apply(K, C, None)[1],
+                                        (K, C))
+        assert torch.autograd.gradcheck(_QuadraticConditional.apply, (K, C, alpha))
+        assert torch.autograd.gradcheck(_QuadraticConditional.apply, (K[0], C, alpha))
 
 
 def test_conditional_quadratic_form_is_refused_where_it_does_not_apply():

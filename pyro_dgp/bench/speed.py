@@ -10,10 +10,11 @@ The three implementations run the SAME model and the same step:
   expected log-likelihood in closed form, the KL in closed form;
 - one step is forward + backward + ``torch.optim.Adam`` update (and the loss read back as a
   float, as a training loop does), on a minibatch of ``B`` rows drawn from ``N`` synthetic
-  points.
+  points. All three use the Adam that :func:`pyro_dgp.fit` uses
+  (:func:`pyro_dgp.training.make_optimizer`: fused where torch has it).
 
 ``ours``     :class:`pyro_dgp.DeepGP.regression` + :class:`pyro_dgp.guides.MeanField` +
-             ``TraceMeanField_ELBO.differentiable_loss`` + Adam, as :func:`pyro_dgp.fit` runs it
+             ``AnalyticKL_ELBO.differentiable_loss`` + Adam, as :func:`pyro_dgp.fit` runs it
              (the first step validated, later steps under ``pyro.validation_enabled(False)``).
 ``gpytorch`` ``gpytorch.models.deep_gps.DeepGP`` of ``DeepGPLayer``\\ s with
              ``CholeskyVariationalDistribution`` + whitened ``VariationalStrategy`` (inducing
@@ -62,7 +63,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..conditional import quadratic_diagonal
+from ..conditional import quadratic_conditional
+from ..training import make_objective, make_optimizer
 from . import cpu_model
 
 __all__ = ["Config", "PlainDSVI", "build_parser", "main", "make_implementations"]
@@ -124,7 +126,6 @@ class Ours(_AdamStep):
 
     def __init__(self, cfg: Config, X, y, lr: float = 0.01):
         import pyro
-        from pyro.infer import TraceMeanField_ELBO
 
         import pyro_dgp as dgp
 
@@ -134,12 +135,12 @@ class Ours(_AdamStep):
             num_inducing=cfg.num_inducing, seed=cfg.seed,
         )
         self.guide = dgp.guides.MeanField(self.model)
-        self.elbo = TraceMeanField_ELBO(max_plate_nesting=1)
+        self.elbo = make_objective("auto", self.guide)  # as fit: AnalyticKL_ELBO
         B = min(cfg.batch_size, cfg.num_data)
         with torch.no_grad():
             self.guide(X[:B], y[:B])
         params = {id(p): p for m in (self.model, self.guide) for p in m.parameters()}
-        self.opt = torch.optim.Adam(list(params.values()), lr=lr)
+        self.opt = make_optimizer(torch.optim.Adam, list(params.values()), lr)
         self.validated = False
 
     def loss(self, X, y) -> torch.Tensor:
@@ -232,7 +233,7 @@ class GPyTorch(_AdamStep):
         self.model.train()
         self.likelihood.train()
         params = {id(p): p for m in (self.model, self.likelihood) for p in m.parameters()}
-        self.opt = torch.optim.Adam(list(params.values()), lr=lr)
+        self.opt = make_optimizer(torch.optim.Adam, list(params.values()), lr)
 
     def loss(self, X, y) -> torch.Tensor:
         gp = self.gpytorch
@@ -292,7 +293,7 @@ class PlainDSVI(_AdamStep):
         self.params = [self.log_noise] + [
             v for layer in self.layers for k, v in layer.items() if k != "W" and v is not None
         ]
-        self.opt = torch.optim.Adam(self.params, lr=lr)
+        self.opt = make_optimizer(torch.optim.Adam, self.params, lr)
 
     @classmethod
     def from_ours(cls, model, guide, lr: float = 0.01, quadratic: bool | None = None
@@ -343,7 +344,7 @@ class PlainDSVI(_AdamStep):
                                torch.ones_like(Zs[:, :1])], -1)
             x_aug = torch.cat([hs, torch.ones_like(hs[:, :1]),
                                -0.5 * hs.square().sum(-1, keepdim=True)], -1)
-            Kzx = torch.exp(z_aug @ x_aug.mT)  # (M, B)
+            Kzx = (z_aug @ x_aug.mT).exp_()  # (M, B), exp in place as ours
             raw = p["q_raw"]
             diag = raw.diagonal(dim1=-2, dim2=-1)
             S = raw.tril(-1) + torch.diag_embed(diag.exp())  # (D, M, M)
@@ -356,8 +357,9 @@ class PlainDSVI(_AdamStep):
                 Linv = torch.linalg.solve_triangular(L, eye, upper=False)
                 W = S.mT @ Linv
                 C = Linv.mT @ Linv - W.mT @ W
-                var = kdiag - quadratic_diagonal(Kzx, 0.5 * (C + C.mT))  # (B, D)
-                mean = Kzx.mT @ torch.linalg.solve_triangular(L.mT, m.mT, upper=True)
+                alpha = torch.linalg.solve_triangular(L.mT, m.mT, upper=True)  # (M, D)
+                mean, quad = quadratic_conditional(Kzx, 0.5 * (C + C.mT), alpha)  # (B, D) each
+                var = kdiag - quad
             else:
                 A = torch.linalg.solve_triangular(L, Kzx, upper=False)  # (M, B)
                 At = A.mT  # (B, M)
