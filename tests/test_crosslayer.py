@@ -117,7 +117,8 @@ def test_per_point_draws_lower_the_variance_and_shared_draws_give_sample_paths(G
         _set_coupled(guide, mean, L)
     else:
         _chain_from_joint(guide, mean, L @ L.mT)
-    assert guide.per_point is None and guide.draws_per_point()  # T = 18 <= 512
+    assert guide.per_point is None and guide.draws_per_point(X.shape[0])  # N T^2 small
+    assert not guide.draws_per_point(10**9 // guide.dim**2 + 1)  # over the budget
     pyro.set_rng_seed(1)
     est = {}
     for per_point in (True, False):
@@ -137,7 +138,7 @@ def test_per_point_draws_lower_the_variance_and_shared_draws_give_sample_paths(G
             loc = dgp.layer.marginal_of(trace.nodes["layer1.f"]["value"])[0]
             given_u = layer1.conditional(X, trace.nodes["layer1.u"]["value"])[0]
         assert torch.allclose(loc, given_u) == shared
-    assert guide.draws_per_point()  # the context is left
+    assert guide.draws_per_point(X.shape[0])  # the context is left
 
 
 def _estimates(elbo, model, guide, X, y, n):

@@ -22,8 +22,11 @@ Estimator of ``E_q log p(y | f^L)``, shared by both guides:
   gradient at once. Measured on seed 003's toy after 1000 steps (``Coupled``, 200 gradients):
   the summed variance of the gradient is 5.7 to 6.6 times lower than with one shared draw
   (two measurements, 200 gradients each, before and after the final preconditioner). Cost:
-  ``O(N T^2)`` per step for the draws (``T`` below), against ``O(T^2)`` for one shared draw;
-  the default ``per_point=None`` uses it while ``T <= 512``. The ``<layer>.f`` values of a
+  ``O(N T K)`` per step for the draws (``T`` below, ``K`` the factor's columns: ``T`` full
+  rank, ``r`` low rank), against ``O(T K)`` for one shared draw; the default
+  ``per_point=None`` uses it while ``N T K <= per_point_budget`` (``1e9``: boston, ``N T K =
+  9e8``, took 0.19 s per step on one core; a 10,000-point minibatch with ``T = 900`` would
+  need 8e9). The ``<layer>.f`` values of a
   per-point trace are not one function's values: take sample paths under
   :meth:`~pyro_dgp.guides.base.LayerGuide.shared_draws`.
 """
@@ -179,8 +182,8 @@ class JointGaussian(LayerGuide):
     ``factor()`` and ``sample(batch_shape)``."""
 
     mean_field = True  # TraceMeanField_ELBO is exact here: the KL is analytic (module docstring)
-    #: ``per_point=None`` draws per point while ``T`` is at most this (cost ``O(N T^2)``)
-    per_point_max_dim = 512
+    #: ``per_point=None`` draws per point while ``N T K`` is at most this (module docstring)
+    per_point_budget = 1e9
 
     def __init__(self, model, inner_variance: float = 1e-5, per_point: bool | None = None,
                  name=None):
@@ -191,12 +194,15 @@ class JointGaussian(LayerGuide):
         self.inner_variance = float(inner_variance)
         self.per_point = None if per_point is None else bool(per_point)
 
-    def draws_per_point(self) -> bool:
-        """Whether this run draws ``U`` per data point (module docstring)."""
+    def draws_per_point(self, num_draws: int) -> bool:
+        """Whether a run with ``num_draws`` points (times particles) draws ``U`` per point
+        (module docstring)."""
         if self._shared_only:
             return False
-        return self.per_point if self.per_point is not None else (
-            self.dim <= self.per_point_max_dim)
+        if self.per_point is not None:
+            return self.per_point
+        K = self._factor_of_run()[1].shape[-1]
+        return num_draws * self.dim * K <= self.per_point_budget
 
     def setup(self, *args, **kwargs) -> None:
         super().setup(*args, **kwargs)
@@ -323,9 +329,10 @@ class JointGaussian(LayerGuide):
         through its Gaussian law given the rest of the draw. Per point, each of the ``N``
         points of ``x (..., N, D_in)`` is its own batch entry with its own ``U``."""
         D, M = site.shape
-        per_point = self.draws_per_point()
+        points = u.shape[:-2] + x.shape[-2:-1]
+        per_point = self.draws_per_point(points.numel())
         if per_point:
-            v, last_loc = self._point_draws.get(u.shape[:-2] + x.shape[-2:-1])
+            v, last_loc = self._point_draws.get(points)
             x = x.unsqueeze(-2)  # (..., N, 1, D_in)
         else:
             v, last_loc = self._draw.latest  # the draw behind u (data plate's singleton kept)
@@ -348,7 +355,7 @@ class Coupled(JointGaussian):
     :param rank: ``None`` for a full ``T x T`` Cholesky factor, or the rank ``r`` of a
         low-rank-plus-diagonal covariance ``W W^T + diag(d)``.
     :param per_point: draw ``U`` per data point (see the module docstring; ``None``: while
-        ``T <= 512``).
+        ``N T K <= per_point_budget``).
 
     Estimator (module docstring): ``u^1..u^{L-1}`` drawn jointly (seed 003's sampled-u
     estimator, unbiased for any q), each ``f^l`` from the model's conditional given ``u^l`` and

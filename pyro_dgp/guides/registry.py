@@ -22,11 +22,11 @@ GUIDES = {
     "meanfield": "mean-field Gaussian per layer, collapsed estimator (DSVI)",
     "meanfield-sampled": "mean-field Gaussian per layer, sampled-u estimator",
     "coupled": "one Gaussian over all layers' inducing outputs (full covariance), last layer "
-               "collapsed; per-point draws while T <= 512",
+               "collapsed; per-point draws while N T^2 <= 1e9",
     "coupled-per-point": "coupled, always drawing the inducing outputs per data point",
     "coupled-lowrank": "one Gaussian over all layers, low-rank-plus-diagonal covariance",
     "chain": "chain-structured Gaussian q(u1) prod q(ul | ul-1), last layer collapsed; "
-             "per-point draws while T <= 512",
+             "per-point draws while N T^2 <= 1e9",
     "chain-per-point": "chain, always drawing the inducing outputs per data point",
     "autonormal": "Pyro AutoNormal over the inducing outputs, completed",
     "automvn": "Pyro AutoMultivariateNormal over all inducing outputs, completed",
