@@ -209,11 +209,13 @@ class _QuadraticConditional(torch.autograd.Function):
                     d_Kzx.addmm_(alpha, grad_mean.mT)
                 else:
                     d_Kzx = d_Kzx + alpha @ grad_mean.mT
+        want_alpha = alpha is not None and grad_mean is not None and ctx.needs_input_grad[2]
+        Kf = _fold(Kzx) if ctx.needs_input_grad[1] or want_alpha else None  # a copy if batched
         if ctx.needs_input_grad[1]:
             D, M = P.shape[-3], P.shape[-2]
             gK = (Kzx.unsqueeze(-3) * g).flatten(-3, -2)  # (..., D M, N)
             # summed over the batch: one GEMM with the batch folded into the columns
-            d_C = (_fold(gK) @ _fold(Kzx).mT).unflatten(-2, (D, M))  # (D, M, M)
-        if alpha is not None and grad_mean is not None and ctx.needs_input_grad[2]:
-            d_alpha = _fold(Kzx) @ grad_mean.reshape(-1, grad_mean.shape[-1])  # (M, D)
+            d_C = (_fold(gK) @ Kf.mT).unflatten(-2, (D, M))  # (D, M, M)
+        if want_alpha:
+            d_alpha = Kf @ grad_mean.reshape(-1, grad_mean.shape[-1])  # (M, D)
         return d_Kzx, d_C, d_alpha
