@@ -85,6 +85,13 @@ class _Redirect(Messenger):
     def _pyro_sample(self, msg):
         if site_is_subsample(msg):
             return
+        self._redirect(msg)
+        # hide from the handlers outside the guide (its trace) what the guide does not sample,
+        # as poutine.block would, without a second messenger on every message
+        if _hidden(msg):
+            msg["stop"] = True
+
+    def _redirect(self, msg):
         role = site_role(msg)
         site = self.guide._sites.get(msg["name"].rsplit(".", 1)[0]) if role else None
         if role == "u":
@@ -188,7 +195,7 @@ class LayerGuide(PyroModule):
             self.setup(*args, **kwargs)
         self._before_run(*args, **kwargs)
         try:
-            with poutine.block(hide_fn=_hidden), _Redirect(self):
+            with _Redirect(self):
                 self.model(*args, **kwargs)
         finally:
             self._supplied = {}
