@@ -213,8 +213,11 @@ class GPLayer(PyroModule):
     :param name: site-name prefix; defaults to the attribute name in the parent module.
     :param train_inducing: learn Z (default) or keep it fixed.
     :param function_values: ``u`` holds the function values ``f(Z)`` (prior ``N(m(Z), K_ZZ)``)
-        instead of the residual ``f(Z) - m(Z)``; needed when ``Z`` is random
-        (inducing points as inducing locations, seed 003 §4.2), unwhitened only.
+        instead of the residual ``f(Z) - m(Z)``; needed where ``u`` is the next layer's
+        inducing inputs (inducing points as inducing locations, seed 003 §4.2), unwhitened
+        only. A layer that receives random inducing inputs (``given_inducing_inputs``) holds
+        function values (centred) or is whitened (non-centred: ``u = L_Z^-1 (f(Z) - m(Z))``,
+        prior ``N(0, I)`` whatever ``Z``).
     """
 
     def __init__(
@@ -346,9 +349,10 @@ class GPLayer(PyroModule):
         """Within the block, ``prior`` and ``conditional`` use the random inducing inputs ``Z``
         ``(..., M, D_in)`` (e.g. draws of the layer below's ``u``, transposed) instead of the
         stored ones; ``None`` keeps the stored ``Z``."""
-        if Z is not None and not self.function_values:
+        if Z is not None and not (self.function_values or self.whiten):
             raise ValueError(
-                f"layer '{self.name}': random inducing inputs need function_values=True"
+                f"layer '{self.name}': random inducing inputs need function_values=True "
+                "(centred) or whiten=True (non-centred)"
             )
         previous, self._random_Z = self._random_Z, Z
         try:
@@ -397,7 +401,8 @@ class GPLayer(PyroModule):
 
     def prior(self) -> dist.Distribution:
         """``p(u)``: event shape ``(D_out, M)`` (batched like random inducing inputs)."""
-        if self.whiten and self._random_Z is None:
+        if self.whiten:
+            # N(0, I) also at random inducing inputs (non-centred: u = L_Z^-1 (f(Z) - m(Z)))
             # N(0, I) needs only Z's size, dtype and device: no pyro.param read of Z; it has
             # no parameters, so one instance serves every call (the guides' runs of the model
             # build a prior they then replace)

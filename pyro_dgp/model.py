@@ -87,8 +87,15 @@ class DeepGP(PyroModule):
     :param inducing: ``"fixed"`` (DSVI: every layer has its own inducing inputs) or
         ``"locations"`` (seed 003 §4.2: only the first layer's inducing inputs ``z`` exist;
         layer l's inducing inputs are layer l-1's values ``f^z_{l-1}``, so its prior is
-        ``p(f^z_l | f^z_{l-1}) = N(m_l(f^z_{l-1}), k_l(f^z_{l-1}, f^z_{l-1}))``). Its layers
-        hold function values (``function_values=True``, unwhitened).
+        ``p(f^z_l | f^z_{l-1}) = N(m_l(f^z_{l-1}), k_l(f^z_{l-1}, f^z_{l-1}))``). Every
+        layer but the last holds function values (``function_values=True``, unwhitened). The
+        last layer holds function values too (centred, as in seed 003), or is whitened at its
+        random inducing inputs (non-centred): its site holds ``v`` with
+        ``f^z_L = m_L(f^z_{L-1}) + chol(k_L(f^z_{L-1}, f^z_{L-1})) v`` and prior ``N(0, I)``.
+        Both are the same deep GP (the same ``p(y)``); a mean-field guide over the sites gives
+        different families: ``q(f^z_{L-1}) q(f^z_L)`` centred, ``q(f^z_{L-1}) q(v)``
+        non-centred, where ``q(f^z_L | f^z_{L-1})`` follows the draw of the inducing inputs and
+        the KL of the last layer is ``KL(q(v) || N(0, I))``, free of ``k_L(f^z_{L-1})^{-1}``.
     """
 
     def __init__(self, layers, likelihood: Likelihood, num_data: int | None = None, name=None,
@@ -112,10 +119,16 @@ class DeepGP(PyroModule):
         if inducing not in ("fixed", "locations"):
             raise ValueError(f"inducing must be 'fixed' or 'locations', got {inducing!r}")
         if inducing == "locations":
-            bad = [layer.name for layer in layers if not layer.function_values]
+            # a layer whose u is the next layer's inducing inputs must hold f(Z); the last
+            # layer only receives random inducing inputs: centred (f(Z)) or whitened
+            bad = [layer.name for layer in layers[:-1] if not layer.function_values]
+            last = layers[-1]
+            if not (last.function_values or last.whiten):
+                bad.append(last.name)
             if bad:
                 raise ValueError(
-                    f"inducing='locations' needs layers with function_values=True: {bad}"
+                    "inducing='locations' needs function_values=True on every layer but the "
+                    f"last, and function_values=True or whiten=True on the last: {bad}"
                 )
             for a, b in zip(layers[:-1], layers[1:], strict=False):
                 if a.num_inducing != b.num_inducing:
@@ -179,7 +192,11 @@ class DeepGP(PyroModule):
         :param X: ``(N, D)`` training inputs; :param y: ``(N,)`` training targets.
         :param hidden_dim: width of inner layers, default ``min(30, D)``.
         :param likelihood: ``"gaussian"``, ``"studentt"``, ``"probit"`` or an instance.
-        :param inducing: ``"fixed"`` or ``"locations"`` (see :class:`DeepGP`; unwhitened).
+        :param inducing: ``"fixed"`` or ``"locations"`` (see :class:`DeepGP`).
+        :param whiten: whitened inducing outputs (default). With ``inducing="locations"`` the
+            layers whose ``u`` is the next layer's inducing inputs always hold ``f(Z)``; the
+            last layer is whitened at its random inducing inputs (non-centred) if ``whiten``,
+            else it holds ``f(Z)`` too (seed 003 §4.2 as published). See :class:`DeepGP`.
         """
         check_inputs(X)
         if X.dim() != 2:
@@ -214,8 +231,6 @@ class DeepGP(PyroModule):
     def _build_stack(cls, X, likelihood, num_layers, hidden, M, kernel, whiten, inner_noise,
                      kernel_variance, lengthscale, jitter, seed, name, inducing) -> DeepGP:
         locations = inducing == "locations"
-        if locations:
-            whiten = False
         N, D = X.shape
         dims = [D] + [hidden] * (num_layers - 1) + [1]
         Z = _kmeans(X, M, seed)
@@ -226,9 +241,13 @@ class DeepGP(PyroModule):
             base = _KERNELS[kernel](d_in, variance=kernel_variance, lengthscale=lengthscale)
             kern = base if last else K.Sum(base, K.White(d_in, variance=inner_noise))
             mean = "zero" if last else _linear_mean(H, d_out)
+            # with locations, a layer whose u feeds the next layer's inducing inputs holds
+            # f(Z) (unwhitened); the last layer is whitened (non-centred) if `whiten`
+            values = locations and not (last and whiten)
             layers.append(
-                GPLayer(d_in, d_out, inducing_points=Z, kernel=kern, mean=mean, whiten=whiten,
-                        jitter=jitter, name=f"layer{i + 1}", function_values=locations,
+                GPLayer(d_in, d_out, inducing_points=Z, kernel=kern, mean=mean,
+                        whiten=whiten and not values, jitter=jitter, name=f"layer{i + 1}",
+                        function_values=values,
                         # with locations, inner Z are random (the previous layer's f^z): the
                         # stored Z only sets the guides' initial means
                         train_inducing=not (locations and i > 0))

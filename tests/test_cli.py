@@ -58,8 +58,9 @@ def test_bench_uci_from_the_command_line(tmp_path, capsys):
 
 def test_bench_compositional_from_the_command_line(tmp_path):
     assert main(["bench", "compositional", "--trials", "1", "--steps", "3", "--families",
-                 "mean-field", "chain", "--out", str(tmp_path)]) == 0
-    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 2
+                 "mean-field", "chain", "inducing-as-locations (whitened last layer)",
+                 "--out", str(tmp_path)]) == 0
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 3
     assert (tmp_path / "layer_paths.png").stat().st_size > 1000
 
 

@@ -49,7 +49,8 @@ def test_function_value_layer_elbo_is_the_closed_form():
 
 def test_second_layer_prior_is_conditioned_on_the_first_layers_values():
     X, y = _data()
-    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6, inducing="locations")
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6, inducing="locations",
+                                  whiten=False)
     assert model.inducing == "locations"
     assert all(not layer.whiten and layer.function_values for layer in model.layers)
     trace = poutine.trace(model).get_trace(X)
@@ -100,10 +101,61 @@ def test_locations_model_trains_and_joint_guides_refuse_it():
 def test_locations_needs_unwhitened_function_value_layers():
     with pytest.raises(ValueError, match="function_values=True needs whiten=False"):
         dgp.GPLayer(1, 1, num_inducing=3, function_values=True)
-    a = dgp.GPLayer(1, 1, num_inducing=3, whiten=False)
-    b = dgp.GPLayer(1, 1, num_inducing=3, whiten=False)
-    with pytest.raises(ValueError, match="function_values=True"):
-        dgp.DeepGP([a, b], Gaussian(), inducing="locations")
+
+    def layer(**kw):
+        return dgp.GPLayer(1, 1, num_inducing=3, **kw)
+
+    values = {"whiten": False, "function_values": True}
+    # the feeding layer must hold f(Z); the last one f(Z) or whitened (not an unwhitened residual)
+    for a, b in ((dict(whiten=False), dict(whiten=False)), (dict(whiten=True), values),
+                 (values, dict(whiten=False))):
+        with pytest.raises(ValueError, match="function_values=True"):
+            dgp.DeepGP([layer(**a), layer(**b)], Gaussian(), inducing="locations")
+    for last in (values, dict(whiten=True)):
+        dgp.DeepGP([layer(**values), layer(**last)], Gaussian(), inducing="locations")
+    with pytest.raises(ValueError, match="random inducing inputs need"):
+        with layer(whiten=False).given_inducing_inputs(torch.zeros(3, 1)):
+            pass
+    X, y = _data()
+    for whiten in (True, False):
+        model = dgp.DeepGP.regression(X, y, num_inducing=5, inducing="locations", whiten=whiten)
+        assert [(lay.whiten, lay.function_values) for lay in model.layers] == [
+            (False, True), (whiten, not whiten)]
+
+
+def test_whitened_last_layer_is_the_non_centred_parameterisation():
+    """With q(f^z_1) a near point mass at m1, the whitened last layer's q(v) = N(m, L L^T) is
+    the centred model's q(f^z_2) = N(mu(m1) + R m, (R L)(R L)^T), R R^T = K(m1): the same
+    ELBO (same draws), and its KL is KL(q(v) || N(0, I)) in closed form."""
+    X, y = _data()
+    models = {w: dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6, inducing="locations",
+                                       whiten=w) for w in (True, False)}
+    g = torch.Generator().manual_seed(4)
+    m1 = torch.linspace(-1.2, 1.1, 6, dtype=DT).unsqueeze(0) + 0.05 * torch.randn(
+        1, 6, generator=g, dtype=DT)
+    tril1 = 1e-9 * torch.eye(6, dtype=DT).unsqueeze(0)
+    m = torch.randn(1, 6, generator=g, dtype=DT)
+    L = torch.randn(1, 6, 6, generator=g, dtype=DT).tril(-1) * 0.1 + 0.5 * torch.eye(6, dtype=DT)
+    losses, guides = {}, {}
+    for whiten, model in models.items():
+        guides[whiten] = guide = dgp.guides.MeanField(model)
+        guide(X, y)
+        guide.set_q("layer1.u", m1, tril1)
+        if whiten:
+            guide.set_q("layer2.u", m, L)
+        else:
+            layer2 = model.layers[1]
+            with torch.no_grad():
+                R = layer2._factor(layer2.kernel(m1.mT))
+                guide.set_q("layer2.u", layer2.mean_function(m1.mT).mT + (R @ m.mT).mT, R @ L)
+        pyro.set_rng_seed(11)
+        with torch.no_grad():
+            losses[whiten] = TraceMeanField_ELBO(num_particles=4).loss(model, guide, X, y)
+    assert losses[True] == pytest.approx(losses[False], rel=1e-7)
+    kl = dgp.diagnostics.layer_kl(models[True], guides[True], X)
+    ref = kl_divergence(MultivariateNormal(m[0], scale_tril=L[0]),
+                        MultivariateNormal(torch.zeros(6, dtype=DT), torch.eye(6, dtype=DT)))
+    assert kl["layer2"] == pytest.approx(float(ref), rel=1e-9)
 
 
 def test_unwhitened_inner_layer_starts_at_the_whitened_kl():
@@ -124,8 +176,10 @@ def test_unwhitened_inner_layer_starts_at_the_whitened_kl():
 
 
 def _locations_model():
+    """Centred (seed 003 as published): both layers hold f(Z)."""
     X, y = _data()
-    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6, inducing="locations")
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6, inducing="locations",
+                                  whiten=False)
     return model, X, y
 
 

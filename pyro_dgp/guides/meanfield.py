@@ -50,6 +50,10 @@ class MeanField(LayerGuide):
     so ``q`` stays a fixed Gaussian and the ELBO is unchanged; only the optimiser's geometry
     is). ``q_params`` always returns the unwhitened ``(m, S^(1/2))``.
 
+    A whitened layer at random inducing inputs (the non-centred last layer of the locations
+    model, see :class:`~pyro_dgp.DeepGP`) needs nothing of this: its ``q(v)`` is stored as is,
+    its KL is ``KL(q(v) || N(0, I))``, and its conditional uses each draw's ``chol K(Z)``.
+
     In the inducing-as-locations model a layer whose ``u`` is the next layer's inducing inputs
     cannot be collapsed: ``f`` there is drawn given a sampled ``u``. With ``per_point=True``
     (default) that ``u`` is drawn independently for each data point, and the next layer uses
