@@ -400,9 +400,10 @@ class GPLayer(PyroModule):
         return loc + self.mean_function(x), var
 
     def prior(self) -> dist.Distribution:
-        """``p(u)``: event shape ``(D_out, M)`` (batched like random inducing inputs)."""
+        """``p(u)``: event shape ``(D_out, M)``; batched like random inducing inputs where
+        ``u`` holds ``f(Z)``, ``N(0, I)`` whatever ``Z`` where whitened."""
         if self.whiten:
-            # N(0, I) also at random inducing inputs (non-centred: u = L_Z^-1 (f(Z) - m(Z)))
+            # also at random inducing inputs (non-centred: u = L_Z^-1 (f(Z) - m(Z)));
             # N(0, I) needs only Z's size, dtype and device: no pyro.param read of Z; it has
             # no parameters, so one instance serves every call (the guides' runs of the model
             # build a prior they then replace)
