@@ -41,6 +41,7 @@ from pyro.distributions import constraints
 from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
 
+from ..conditional import _solve
 from ..layer import _drop_data_dim
 from .base import LayerGuide, LayerSite, initial_scale_tril
 from .meanfield import deep_getattr
@@ -125,13 +126,6 @@ def _preconditioned_tril(raw: torch.Tensor, scale: torch.Tensor) -> torch.Tensor
 def _raw_tril(L: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`_preconditioned_tril`."""
     return L.tril() / scale
-
-
-def _solve_rows(L: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-    """``(L^{-1} x)`` for each row ``x`` of ``X (..., n)``, lower-triangular ``L (n, n)``: one
-    solve with the rows folded into columns."""
-    cols = X.reshape(-1, X.shape[-1]).mT
-    return torch.linalg.solve_triangular(L, cols, upper=False).mT.reshape(X.shape)
 
 
 def _copy_into(param_holder, name: str, value: torch.Tensor, constraint) -> None:
@@ -549,7 +543,9 @@ class Chain(JointGaussian):
             eps = torch.randn(batch_shape + m.shape, dtype=m.dtype, device=m.device)
             parts.append(loc + eps @ L.mT)
             if not site.is_last:  # w_l = L_l^{-1} C_l w_{l-1} + e_l
-                w = eps if shift is None else eps + _solve_rows(L, shift)
+                # one triangular solve for all draws (the batch folded into its columns)
+                w = eps if shift is None else eps + _solve(L, shift.unsqueeze(-1),
+                                                           upper=False).squeeze(-1)
         return torch.cat(parts, -1), loc
 
     def last_scale(self):
