@@ -9,7 +9,11 @@ speed benchmark's 2-layer model (M = 100, B = 1024, H = 1, one thread): loss and
 took 11.42 ms with this class against 11.87 ms with ``TraceMeanField_ELBO``.
 
 This class computes the same estimator from the same two traces, evaluating only what enters
-the sum:
+the sum. For a layer guide of the model it takes both traces from one run of the guide, which
+runs the model itself (:meth:`~pyro_dgp.guides.base.LayerGuide.traces`), instead of running
+the model again under ``poutine.replay``: that second run redid nothing the loss needs (about
+0.45 ms of a 23 ms step, speed benchmark's 2-layer model, M = 100, B = 1024, H = 8, one
+thread). The sum:
 
 - an observed model site: its scaled and masked log-density;
 - a latent site: ``KL(q || p)`` in closed form where one is registered, else
@@ -33,7 +37,11 @@ from pyro.distributions.torch_distribution import MaskedDistribution
 from pyro.distributions.util import scale_and_mask
 from pyro.infer import TraceMeanField_ELBO
 from pyro.infer.util import check_fully_reparametrized, is_validation_enabled, torch_item
+from pyro.poutine.runtime import _PYRO_STACK
+from pyro.poutine.trace_messenger import TraceMessenger
 from pyro.poutine.util import prune_subsample_sites
+
+from .guides.base import LayerGuide
 
 __all__ = ["AnalyticKL_ELBO"]
 
@@ -51,6 +59,16 @@ def _log_prob_sum(site: dict) -> torch.Tensor:
     return scale_and_mask(log_p, site["scale"], site["mask"]).sum()
 
 
+def _single_pass(model, guide) -> bool:
+    """Whether the model's trace can come from the guide's own run of ``model``
+    (:meth:`LayerGuide.traces <pyro_dgp.guides.base.LayerGuide.traces>`): a layer guide of this
+    very model, and no handler around the loss that would act on the model's sites (only
+    ``SVI.step``'s capture of parameters)."""
+    if not (isinstance(guide, LayerGuide) and model is guide.model):
+        return False
+    return all(isinstance(m, TraceMessenger) and m.param_only for m in _PYRO_STACK)
+
+
 class AnalyticKL_ELBO(TraceMeanField_ELBO):  # noqa: N801 (Pyro's naming of ELBO classes)
     """``E_q log p(y | ...) - sum KL(q || p)`` with analytic KL terms, like
     :class:`pyro.infer.TraceMeanField_ELBO` (same constructor, same validity conditions: the
@@ -59,9 +77,12 @@ class AnalyticKL_ELBO(TraceMeanField_ELBO):  # noqa: N801 (Pyro's naming of ELBO
     def _get_trace(self, model, guide, args, kwargs):
         if is_validation_enabled():
             return super()._get_trace(model, guide, args, kwargs)
-        guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
-        model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(
-            *args, **kwargs)
+        if _single_pass(model, guide):
+            guide_trace, model_trace = guide.traces(*args, **kwargs)
+        else:
+            guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
+            model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(
+                *args, **kwargs)
         return prune_subsample_sites(model_trace), prune_subsample_sites(guide_trace)
 
     def _differentiable_loss_particle(self, model_trace, guide_trace):

@@ -228,3 +228,90 @@ def test_analytic_kl_elbo_falls_back_and_handles_masks_and_auxiliary_sites():
         assert new[0] == pytest.approx(ref[0], rel=1e-12)
         for a, b in zip(new[1], ref[1], strict=True):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def _model_and_guides(kind):
+    torch.manual_seed(0)
+    N = 24
+    X = torch.linspace(-2, 2, N, dtype=DT).unsqueeze(-1)
+    y = torch.sin(3 * X.squeeze(-1)) + 0.05 * torch.randn(N, dtype=DT)
+    if kind == "locations":
+        model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6, inducing="locations")
+    else:
+        layers = 3 if kind == "three-layer" else 2
+        model = dgp.DeepGP.regression(X, y, num_layers=layers, num_inducing=6, hidden_dim=2)
+    model.num_data = 3 * N  # a minibatch: the data plate scales the likelihood by 3
+    if kind == "autonormal":
+        from pyro.infer.autoguide import AutoNormal
+
+        guide = dgp.complete(AutoNormal(dgp.inducing_only(model)), model)
+    elif kind == "sampled-u":
+        guide = dgp.guides.MeanField(model, collapsed=False)
+    else:
+        guide = dgp.guides.MeanField(model)
+    with torch.no_grad():
+        guide(X, y)
+    if isinstance(guide, dgp.guides.MeanField):
+        _random_q(guide, X, y, seed=2, scale=0.1)
+    return model, guide, X, y
+
+
+@pytest.mark.parametrize("kind", ["meanfield", "sampled-u", "three-layer", "locations",
+                                  "autonormal"])
+def test_model_trace_from_the_guides_run_equals_the_replayed_model(kind):
+    """LayerGuide.traces: the model's trace taken from the guide's own run of the model has
+    the sites, values, distributions, observation flags, scales and masks of the model run
+    again under poutine.replay (the trace AnalyticKL_ELBO used to build)."""
+    from pyro import poutine
+
+    model, guide, X, y = _model_and_guides(kind)
+    with pyro.validation_enabled(False):
+        pyro.set_rng_seed(5)
+        guide_trace, model_trace = guide.traces(X, y)
+        replayed = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(X, y)
+    sample_sites = [n for n, s in replayed.nodes.items()
+                    if s["type"] == "sample" and not n.endswith(".data") and n != "data"]
+    assert list(model_trace.nodes) == sample_sites
+    for name in sample_sites:
+        a, b = model_trace.nodes[name], replayed.nodes[name]
+        assert type(a["fn"]) is type(b["fn"]), name
+        assert a["is_observed"] == b["is_observed"], name
+        assert a["value"] is b["value"] or torch.equal(a["value"], b["value"]), name
+        assert a["scale"] == b["scale"] and a["mask"] is b["mask"], name
+        assert [f.name for f in a["cond_indep_stack"]] == [f.name for f in b["cond_indep_stack"]]
+        if b["is_observed"] or name.endswith(".u"):
+            torch.testing.assert_close(a["fn"].log_prob(a["value"]),
+                                       b["fn"].log_prob(b["value"]), rtol=1e-12, atol=0)
+    assert any(s["scale"] == 3.0 for s in model_trace.nodes.values() if s["is_observed"])
+
+
+@pytest.mark.parametrize("kind", ["meanfield", "locations", "autonormal"])
+def test_analytic_kl_elbo_single_pass_equals_replay_and_steps_outer_handlers_aside(kind):
+    """AnalyticKL_ELBO's loss and gradient from the guide's run alone equal those from the
+    model replayed; under SVI (a param-only trace around the loss) it still takes one pass;
+    under any other handler (here poutine.scale) it replays the model, which that handler then
+    scales like the guide."""
+    from pyro import poutine
+
+    from pyro_dgp import elbo as elbo_module
+    from pyro_dgp.elbo import AnalyticKL_ELBO
+
+    model, guide, X, y = _model_and_guides(kind)
+    params = list({id(p): p for m in (model, guide) for p in m.parameters()}.values())
+    elbo = AnalyticKL_ELBO()
+    with pyro.validation_enabled(False):
+        assert elbo_module._single_pass(model, guide)
+        one = _loss_and_grads(elbo, model, guide, X, y, params=params)
+        with poutine.trace(param_only=True):
+            assert elbo_module._single_pass(model, guide)
+        with poutine.block(hide_fn=lambda msg: False):  # a no-op handler: forces the replay
+            assert not elbo_module._single_pass(model, guide)
+            two = _loss_and_grads(elbo, model, guide, X, y, params=params)
+        with poutine.scale(scale=2.0):
+            scaled = _loss_and_grads(elbo, model, guide, X, y, params=params)
+    assert one[0] == pytest.approx(two[0], rel=1e-12)
+    assert scaled[0] == pytest.approx(2 * one[0], rel=1e-12)
+    for a, b in zip(one[1], two[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    other = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6)
+    assert not elbo_module._single_pass(other, guide)

@@ -26,6 +26,7 @@ from pyro import poutine
 from pyro.nn import PyroModule
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import _PYRO_STACK
+from pyro.poutine.trace_struct import Trace
 from pyro.poutine.util import site_is_subsample
 
 from ..layer import LAYER, SAMPLED_U_ONLY, FunctionMarginal, GPLayer, site_role
@@ -78,13 +79,17 @@ def prototype_sites(model, *args, **kwargs):
 
 
 class _Redirect(Messenger):
-    def __init__(self, guide: LayerGuide):
+    def __init__(self, guide: LayerGuide, model_view: list | None = None):
         super().__init__()
         self.guide = guide
+        # (message, copy of the model's message before redirection) per site, or None
+        self.model_view = model_view
 
     def _pyro_sample(self, msg):
         if site_is_subsample(msg):
             return
+        if self.model_view is not None:
+            self.model_view.append((msg, dict(msg)))
         self._redirect(msg)
         # hide from the handlers outside the guide (its trace) what the guide does not sample,
         # as poutine.block would, without a second messenger on every message
@@ -144,6 +149,7 @@ class LayerGuide(PyroModule):
         self._supplied: dict[str, torch.Tensor] = {}
         self._set_up = False
         self._shared_only = False
+        self._model_view: list | None = None
 
     @property
     def model(self):
@@ -195,11 +201,35 @@ class LayerGuide(PyroModule):
             self.setup(*args, **kwargs)
         self._before_run(*args, **kwargs)
         try:
-            with _Redirect(self):
+            with _Redirect(self, self._model_view):
                 self.model(*args, **kwargs)
         finally:
             self._supplied = {}
         return {}
+
+    def traces(self, *args, **kwargs) -> tuple[Trace, Trace]:
+        """``(guide_trace, model_trace)`` from one run of the guide.
+
+        The guide runs the model itself, so that run already meets every model site with the
+        values ``poutine.replay(model, guide_trace)`` would give it: ``model_trace`` records
+        each site as the model stated it (its own distribution, observed or latent, scale
+        and mask from the model's plates) with the value it received. It equals the replayed
+        model's trace for a model that, like every Pyro model, is deterministic given its
+        sample values (``tests/test_elbo_known_answers.py``), without running the model a
+        second time. Handlers outside the guide do not see the model's hidden sites, so
+        callers use it only where none is active (:class:`~pyro_dgp.elbo.AnalyticKL_ELBO`).
+        """
+        view: list = []
+        self._model_view = view
+        try:
+            guide_trace = poutine.trace(self).get_trace(*args, **kwargs)
+        finally:
+            self._model_view = None
+        model_trace = Trace()
+        for msg, site in view:
+            site["value"] = msg["value"]  # final once the run is over
+            model_trace.add_node(site["name"], **site)
+        return guide_trace, model_trace
 
     def _before_run(self, *args, **kwargs) -> None:
         """Hook: draw anything needed before the model runs (e.g. joint samples)."""
