@@ -62,6 +62,16 @@ def test_bench_compositional_from_the_command_line(tmp_path):
                  "--out", str(tmp_path)]) == 0
     assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 3
     assert (tmp_path / "layer_paths.png").stat().st_size > 1000
+    # resumable: the same command runs nothing again; --first-trial adds the next seed
+    args = ["bench", "compositional", "--steps", "3", "--families", "mean-field",
+            "--out", str(tmp_path)]
+    assert main(args + ["--trials", "1"]) == 0
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 3
+    assert main(args + ["--trials", "1", "--first-trial", "1"]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [(r["family"], r["trial"]) for r in rows] == [
+        ("mean-field", 0), ("chain", 0), ("inducing-as-locations (whitened last layer)", 0),
+        ("mean-field", 1)]
 
 
 def test_fit_with_a_csv_and_a_bad_target_names_the_column(tmp_path, capsys):

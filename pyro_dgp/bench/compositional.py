@@ -190,7 +190,7 @@ def run_trial(family: str, data, trial: int, steps: int, lr: float, M: int,
                     for _ in range(200)) / 200
     v1, v2 = layer_variances_at_zero(model, guide)
     return {"family": family, "trial": trial, "steps": steps, "lr": lr, "lr_decay": lr_decay,
-            "M": M, "locations_jitter": locations_jitter if inducing == "locations" else None,
+            "M": M, "locations_jitter": _jitter_of(family, locations_jitter),
             "elbo": elbo, "var_f1_0": v1, "var_f2_0": v2,
             "seconds": time.perf_counter() - t0}, (model, guide)
 
@@ -218,9 +218,21 @@ def summary(rows) -> str:
     return "\n".join(lines)
 
 
+def _jitter_of(family: str, locations_jitter: float) -> float | None:
+    """The jitter a family's row records: only the centred locations model uses it."""
+    return locations_jitter if FAMILIES[family][0] == "locations" else None
+
+
+def _row_key(row: dict) -> tuple:
+    return tuple(row[k] for k in ("family", "trial", "steps", "lr", "lr_decay", "M",
+                                  "locations_jitter"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="compositional", description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=10)
+    p.add_argument("--first-trial", type=int, default=0,
+                   help="seed of the first trial: trials run with seeds first .. first + n - 1")
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--lr-decay", type=float, default=1.0,
@@ -241,10 +253,25 @@ def main(argv=None) -> int:
     data = datasets.compositional_toy(dtype=DT)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.trials < 1 or args.first_trial < 0:
+        raise SystemExit("compositional: --trials must be >= 1 and --first-trial >= 0")
+    # resumable: a trial already in results.jsonl with the same settings is not run again
+    done = {}
+    if (out / "results.jsonl").exists():
+        for line in (out / "results.jsonl").read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                done[_row_key(row)] = row
     rows, last = [], {}
-    with open(out / "results.jsonl", "w") as fh:
+    with open(out / "results.jsonl", "a") as fh:
         for family in args.families:
-            for trial in range(args.trials):
+            for trial in range(args.first_trial, args.first_trial + args.trials):
+                settings = dict(family=family, trial=trial, steps=args.steps, lr=args.lr,
+                                lr_decay=args.lr_decay, M=args.inducing,
+                                locations_jitter=_jitter_of(family, args.locations_jitter))
+                if _row_key(settings) in done:
+                    rows.append(done[_row_key(settings)])
+                    continue
                 row, fitted = run_trial(family, data, trial, args.steps, args.lr, args.inducing,
                                         args.lr_decay, args.locations_jitter)
                 rows.append(row)
@@ -254,7 +281,8 @@ def main(argv=None) -> int:
                 last[family] = fitted
     table = summary(rows)
     print(table)
-    figure = plot_paths(last, data, out / "layer_paths.png")
+    # sample paths of the last trial fitted in this call (none if every trial was done before)
+    figure = plot_paths(last, data, out / "layer_paths.png") if last else None
     if args.append:
         command = "python benchmarks/compositional.py " + " ".join(argv or sys.argv[1:])
         cpu = cpu_model()
