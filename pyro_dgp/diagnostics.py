@@ -193,12 +193,19 @@ def _drop_plate_dim(u: torch.Tensor) -> torch.Tensor:
 def _mc_kl(trace, lname: str, layer) -> float:
     """``mean_s [log q(u^l_s) - log p(u^l_s)]`` from a guide trace; ``nan`` where the trace has
     no per-layer density (``q`` joint over layers, e.g. a flow or a joint Gaussian)."""
+    draws = _mc_kl_draws(trace, lname, layer)
+    return float("nan") if draws is None else float(draws.mean())
+
+
+def _mc_kl_draws(trace, lname: str, layer) -> torch.Tensor | None:
+    """``(S,)`` per-draw ``log q(u^l_s) - log p(u^l_s)`` of :func:`_mc_kl` (their spread gives
+    its standard error), or ``None``."""
     from .arviz import _unwrap
 
     name = f"{lname}.u"
     usite = trace.nodes.get(name)
     if usite is None or usite["type"] != "sample":
-        return float("nan")
+        return None
     sites = [usite]
     base = _unwrap(usite["fn"])
     while hasattr(base, "base_dist"):
@@ -208,18 +215,18 @@ def _mc_kl(trace, lname: str, layer) -> float:
         # Delta its log-Jacobian
         aux = trace.nodes.get(f"{name}_unconstrained")
         if aux is None or aux["type"] != "sample":
-            return float("nan")
+            return None
         sites.append(aux)
     with torch.no_grad():
         try:
             log_q = sum(s["fn"].log_prob(s["value"]).reshape(-1) for s in sites)
         except NotImplementedError:
-            return float("nan")
+            return None
         u = usite["value"]
         # (S, 1, D, M): the batch of a prior over random inducing inputs is (S, 1) too
         u = u.reshape((-1, 1) + u.shape[-2:])
         log_p = layer.prior().log_prob(u).reshape(-1)
-    return float((log_q - log_p).mean())
+    return log_q - log_p
 
 
 # -------------------------------------------------------------------------- per-layer stats

@@ -132,6 +132,12 @@ class Likelihood(PyroModule):
         if marginal is not None:
             loc, var = (t.squeeze(-1) for t in marginal)
             fn = _Expected(self, loc, var)
+            # _Expected reads this module's parameters when the loss is summed, after this
+            # call, where a PyroParam read is no pyro.param statement: read them here too, so
+            # that handlers collecting parameters (SVI.step's) see them
+            for module in self.modules():
+                for attr in getattr(module, "_pyro_params", {}):
+                    getattr(module, attr)
         else:
             fn = self.conditional(f.squeeze(-1))
         return pyro.sample(name, fn, obs=y)

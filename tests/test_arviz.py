@@ -148,6 +148,9 @@ def test_sampled_guide_posterior_draws_feed_the_layers():
     np.testing.assert_allclose(
         dt["layers"]["layer1.f_mean"].values[0], loc.detach().numpy(), rtol=1e-10
     )
+    np.testing.assert_allclose(
+        dt["layers"]["layer1.f_var"].values[0], var.detach().numpy(), rtol=1e-8
+    )
 
 
 def test_grid_replays_the_same_global_draws():

@@ -339,23 +339,30 @@ def test_three_layer_per_point_and_shared_estimators_agree(Guide):
 def test_chain_three_layer_draws_and_factor_follow_its_conditionals():
     """Three layers, random blocks and couplings: the factor behind the KL and the ancestral
     draws both give q(v_l | v_{l-1}) = N(m_l + B_l (v_{l-1} - m_{l-1}), L_l L_l^T), with
-    B_l from block_params (the draws within 4.5 Monte Carlo standard errors)."""
+    (m_l, L_l, B_l) as set (the draws within 4.5 Monte Carlo standard errors)."""
     model, X, y = _model(num_layers=3, N=15, M=4, hidden=1)
     chain = Chain(model)
     chain(X, y)
     g = torch.Generator().manual_seed(3)
+    given = []  # the (m_l, L_l, B_l) set, from which the reference is built
     for site in chain.layer_sites:
         n = site.shape.numel()
         prev = chain.layer_sites[site.index - 1].shape.numel() if site.index else 0
         tril = 0.3 * torch.randn(n, n, generator=g, dtype=DT).tril(-1) + torch.diag(
             0.2 + 0.5 * torch.rand(n, generator=g, dtype=DT))
-        chain.set_block(site, torch.randn(n, generator=g, dtype=DT), tril,
-                        0.5 * torch.randn(n, prev, generator=g, dtype=DT) if prev else None)
+        loc = torch.randn(n, generator=g, dtype=DT)
+        B = 0.5 * torch.randn(n, prev, generator=g, dtype=DT) if prev else None
+        chain.set_block(site, loc, tril, B)
+        given.append((loc, tril, B))
     with torch.no_grad():
         rows, means = [], []
         T, offset = chain.dim, 0
-        for site in chain.layer_sites:
-            m, L, B = chain.block_params(site)
+        for site, (m, L, B) in zip(chain.layer_sites, given, strict=True):
+            stored = chain.block_params(site)  # round trip through the C = B L_{l-1} storage
+            torch.testing.assert_close(stored[0], m)
+            torch.testing.assert_close(stored[1], L)
+            if B is not None:
+                torch.testing.assert_close(stored[2], B)
             row = torch.zeros(m.shape[-1], T, dtype=DT)
             if B is not None:
                 row = row + B @ rows[-1]

@@ -465,7 +465,8 @@ def test_step_values():
     assert x.min() >= -1 and x.max() <= 1
     sign = torch.where(x < 0, -1.0, 1.0).to(y)
     assert (y - sign).abs().max() < 0.5
-    assert 0.03 < (y - sign).std().item() < 0.07
+    # the sample sd of 500 normal draws: noise +- 4 standard errors (noise / sqrt(2 n))
+    assert (y - sign).std().item() == pytest.approx(0.05, abs=4 * 0.05 / (2 * 500) ** 0.5)
     assert torch.equal(s.X_test[:, 0], torch.linspace(-1, 1, 200, dtype=torch.float64))
 
 
@@ -476,7 +477,9 @@ def test_compositional_toy_is_the_composition():
     expected = torch.sin(2 * torch.pi * (x + 0.5 * x**3))
     assert torch.allclose(s.y_train, expected, atol=1e-12)
     noisy = datasets.compositional_toy(noise=0.01, seed=3)
-    assert 0.005 < (noisy.y_train - expected).std().item() < 0.02
+    n = len(noisy.y_train)
+    sd = (noisy.y_train - expected).std().item()
+    assert sd == pytest.approx(0.01, abs=4 * 0.01 / (2 * n) ** 0.5)
 
 
 def test_two_mode_toy_points():

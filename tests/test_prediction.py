@@ -240,7 +240,15 @@ def test_nll_rmse_crps_by_hand():
 
     ref = np.mean([crps1(1.0, 1.0), crps1(0.0, 2.0), crps1(-4.0, 0.5)])
     assert metrics.crps(pred, y) == pytest.approx(ref, rel=1e-12)
-    assert crps1(0.0, 2.0) == pytest.approx(2 * (2 * stats.norm.pdf(0) - 1 / math.sqrt(math.pi)))
+    # the closed form against CRPS's definition, int (F(x) - 1{x >= y})^2 dx, by quadrature
+    from scipy import integrate
+
+    for mu, sd, obs in ((0.0, 1.0, 1.0), (2.0, 0.5, 0.0)):
+        below, _ = integrate.quad(lambda x, a=mu, b=sd: stats.norm.cdf(x, a, b) ** 2,
+                                  -np.inf, obs)
+        above, _ = integrate.quad(lambda x, a=mu, b=sd: stats.norm.sf(x, a, b) ** 2,
+                                  obs, np.inf)
+        assert crps1((obs - mu) / sd, sd) == pytest.approx(below + above, rel=1e-7)
     report = metrics.regression_report(pred, y)
     assert set(report) == {"nll", "rmse", "crps", "coverage95"}
     assert report["rmse"] == pytest.approx(math.sqrt(5 / 3), rel=1e-14)
@@ -300,7 +308,8 @@ def test_auc_matches_pair_count(score, labels):
 
 
 def test_auc_known_values_and_random():
-    assert _auc_pairs([0.9, 0.8, 0.7, 0.1], [1, 1, 0, 0]) == 1.0
+    assert metrics.auc(_probit_predictive([0.9, 0.8, 0.7, 0.1]),
+                       torch.tensor([1, 1, 0, 0], dtype=DT)) == 1.0
     pred = _probit_predictive([0.9, 0.4, 0.4, 0.6, 0.2, 0.4, 0.7])
     y = torch.tensor([1, 1, 0, 0, 0, 1, 0], dtype=DT)
     # positives 0.9, 0.4, 0.4 vs negatives 0.4, 0.6, 0.2, 0.7:

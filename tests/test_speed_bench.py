@@ -76,12 +76,17 @@ def test_all_three_implementations_step(capsys):
         losses = [impl.step(X[batches[k]], y[batches[k]]) for k in range(3)]
         assert all(torch.isfinite(torch.tensor(losses)))
     # ours and GPyTorch start from the same model: the same ELBO up to its 1/N scaling,
-    # GPyTorch's own jitter and the missing 1e-5 white noise, and different noise draws
+    # GPyTorch's own jitter and the missing 1e-5 white noise. At the initial q (inner
+    # variance 1e-5) the loss's spread over noise draws is ~1e-12 relative (measured), so
+    # one draw each suffices and the difference is the systematic part: 4.4e-7 relative
+    # (measured), held to 1e-5.
     X2, y2, b2, fresh = make_implementations(CFG)
     with torch.no_grad():
-        lo = float(fresh["ours"].loss(X2[b2[0]], y2[b2[0]]))
-        lg = float(fresh["gpytorch"].loss(X2[b2[0]], y2[b2[0]])) * CFG.num_data
-    assert lg == pytest.approx(lo, rel=0.05)
+        lo = [float(fresh["ours"].loss(X2[b2[0]], y2[b2[0]])) for _ in range(3)]
+        lg = [float(fresh["gpytorch"].loss(X2[b2[0]], y2[b2[0]])) * CFG.num_data
+              for _ in range(3)]
+    assert max(lo) - min(lo) < 1e-9 * abs(lo[0]) and max(lg) - min(lg) < 1e-9 * abs(lg[0])
+    assert lg[0] == pytest.approx(lo[0], rel=1e-5)
 
 
 def test_command_line_table_and_markdown(tmp_path, capsys):

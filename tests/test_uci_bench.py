@@ -52,7 +52,10 @@ def test_uci_harness_end_to_end_resume_and_summary(tmp_path, capsys):
     assert set(m) >= {"test_loglik", "nll", "rmse", "crps", "coverage95"}
     assert m["test_loglik"] == pytest.approx(-m["nll"])
     assert 0 < m["rmse"] < 30 and 0 < m["crps"] < m["rmse"] + 1e-9  # CRPS <= MAE <= RMSE
-    assert 0 <= m["coverage95"] <= 1
+    # a fraction of the 51 test points
+    n_test = rec["data"]["num_test"]
+    assert n_test == 51 and m["coverage95"] * n_test == pytest.approx(
+        round(m["coverage95"] * n_test), abs=1e-9)
     assert rec["final_elbo"] < 0 and rec["seconds"] > 0
     # the finished run's checkpoint is gone, the folder stays
     assert list((tmp_path / "results.jsonl.ckpt").iterdir()) == []
