@@ -152,7 +152,8 @@ def pointwise_log_lik(site) -> torch.Tensor:
     fn = _unwrap(site["fn"])
     value = site["value"]
     if isinstance(fn, _Expected):
-        return fn.likelihood.predictive_log_prob(value, fn.loc, fn.var)
+        with fn.likelihood.fixed(fn.hyperparameters):  # the draws' own noise, if Bayesian
+            return fn.likelihood.predictive_log_prob(value, fn.loc, fn.var)
     return fn.log_prob(value)
 
 

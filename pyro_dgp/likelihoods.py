@@ -9,8 +9,10 @@ closed form for the Gaussian, Gauss-Hermite otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import pyro
@@ -66,27 +68,35 @@ def _genlaguerre(n: int, alpha: float, dtype: torch.dtype, device: torch.device)
 
 
 class _Expected(dist.TorchDistribution):
-    """Observation site whose ``log_prob(y)`` is ``E_{N(f; loc, var)} log p(y | f)``."""
+    """Observation site whose ``log_prob(y)`` is ``E_{N(f; loc, var)} log p(y | f)``.
+
+    Its density is evaluated when the loss is summed, after the model's call, where the
+    likelihood's ``PyroSample`` hyperparameters would be fresh prior draws and its
+    ``PyroParam`` reads no ``pyro.param`` statements. So it holds the values read during the
+    call (``hyperparameters``) and evaluates under them."""
 
     arg_constraints = {}
     support = constraints.real
 
-    def __init__(self, likelihood: Likelihood, loc: torch.Tensor, var: torch.Tensor):
+    def __init__(self, likelihood: Likelihood, loc: torch.Tensor, var: torch.Tensor,
+                 hyperparameters: dict | None = None):
         self.likelihood, self.loc, self.var = likelihood, loc, var
+        self.hyperparameters = (likelihood.hyperparameters() if hyperparameters is None
+                                else hyperparameters)
         batch_shape = loc.shape
         super().__init__(batch_shape, torch.Size(), validate_args=False)
 
     def expand(self, batch_shape, _instance=None):
         batch_shape = torch.Size(batch_shape)
-        return _Expected(
-            self.likelihood, self.loc.expand(batch_shape), self.var.expand(batch_shape)
-        )
+        return _Expected(self.likelihood, self.loc.expand(batch_shape),
+                         self.var.expand(batch_shape), self.hyperparameters)
 
     def log_prob(self, value):
-        return self.likelihood.expected_log_prob(value, self.loc, self.var)
+        with self.likelihood.fixed(self.hyperparameters):
+            return self.likelihood.expected_log_prob(value, self.loc, self.var)
 
     def sample(self, sample_shape=torch.Size()):
-        with torch.no_grad():
+        with torch.no_grad(), self.likelihood.fixed(self.hyperparameters):
             f = dist.Normal(self.loc, self.var.sqrt()).sample(sample_shape)
             return self.likelihood.conditional(f).sample()
 
@@ -101,6 +111,26 @@ class Likelihood(PyroModule):
     def conditional(self, f: torch.Tensor) -> dist.Distribution:
         """``p(y | f)`` for ``f`` of shape ``(..., N)``."""
         raise NotImplementedError
+
+    def hyperparameters(self) -> dict[str, torch.Tensor]:
+        """``{name: value}`` of this module's ``PyroParam`` and ``PyroSample`` attributes, as
+        read now (inside a model's call: ``pyro.param`` statements and the guide's draws)."""
+        names = {**self.__dict__.get("_pyro_params", {}), **self.__dict__.get("_pyro_samples", {})}
+        return {name: getattr(self, name) for name in names}
+
+    @contextlib.contextmanager
+    def fixed(self, values: dict[str, torch.Tensor]) -> Iterator[Likelihood]:
+        """Within the block, reads of the named hyperparameters return ``values``.
+
+        Instance attributes shadow ``PyroModule.__getattr__``, which serves ``PyroParam`` and
+        ``PyroSample`` attributes only when ordinary lookup fails."""
+        shadowed = [name for name in values if name not in self.__dict__]
+        self.__dict__.update({name: values[name] for name in shadowed})
+        try:
+            yield self
+        finally:
+            for name in shadowed:
+                del self.__dict__[name]
 
     def expected_log_prob(self, y, loc, var):
         """``E_{N(f; loc, var)} log p(y | f)``, Gauss-Hermite; shapes ``(..., N)``."""
@@ -131,13 +161,7 @@ class Likelihood(PyroModule):
         marginal = marginal_of(f)
         if marginal is not None:
             loc, var = (t.squeeze(-1) for t in marginal)
-            fn = _Expected(self, loc, var)
-            # _Expected reads this module's parameters when the loss is summed, after this
-            # call, where a PyroParam read is no pyro.param statement: read them here too, so
-            # that handlers collecting parameters (SVI.step's) see them
-            for module in self.modules():
-                for attr in getattr(module, "_pyro_params", {}):
-                    getattr(module, attr)
+            fn = _Expected(self, loc, var)  # reads the hyperparameters now, in this call
         else:
             fn = self.conditional(f.squeeze(-1))
         return pyro.sample(name, fn, obs=y)

@@ -7,11 +7,12 @@ import math
 import pyro
 import torch
 from pyro import poutine
+from pyro.distributions import MaskedDistribution
 from torch.special import ndtr
 
-from .guides.base import shared_draws
+from .guides.base import LayerGuide, shared_draws
 from .layer import marginal_of, site_role
-from .likelihoods import Gaussian, Likelihood
+from .likelihoods import Gaussian, Likelihood, _Expected
 from .rng import seeded
 from .validation import check_inputs, check_positive_int
 
@@ -50,13 +51,20 @@ class MixturePredictive:
         y_std * y_model``); densities are divided by ``y_std`` accordingly.
     """
 
-    def __init__(self, loc, var, likelihood: Likelihood, y_mean=0.0, y_std=1.0):
+    def __init__(self, loc, var, likelihood: Likelihood, y_mean=0.0, y_std=1.0,
+                 hyperparameters: dict[str, torch.Tensor] | None = None):
         if loc.shape != var.shape or loc.dim() != 2:
             raise ValueError(f"loc and var must both be (S, N), got {loc.shape} and {var.shape}")
         if not y_std > 0:
             raise ValueError(f"y_std must be positive, got {y_std}")
         self.loc, self.var, self.likelihood = loc, var, likelihood
         self.y_mean, self.y_std = float(y_mean), float(y_std)
+        self.hyperparameters = hyperparameters or {}
+
+    def _fixed(self):
+        """The likelihood evaluated at the draws' own hyperparameters (Bayesian noise: one per
+        draw, broadcasting against ``(S, N)``), where the draws carried them."""
+        return self.likelihood.fixed(self.hyperparameters)
 
     @property
     def num_samples(self) -> int:
@@ -64,10 +72,11 @@ class MixturePredictive:
 
     def rescale(self, y_mean: float, y_std: float) -> MixturePredictive:
         """The same predictive reported in units ``y = y_mean + y_std * y_model``."""
-        return MixturePredictive(self.loc, self.var, self.likelihood, y_mean, y_std)
+        return MixturePredictive(self.loc, self.var, self.likelihood, y_mean, y_std,
+                                 self.hyperparameters)
 
     def _component_moments(self):
-        with torch.no_grad():
+        with torch.no_grad(), self._fixed():
             mean, var = self.likelihood.predictive_moments(self.loc, self.var)
         return self.y_mean + self.y_std * mean, self.y_std**2 * var
 
@@ -87,7 +96,7 @@ class MixturePredictive:
         per-sample log-densities)."""
         y = torch.as_tensor(y, dtype=self.loc.dtype, device=self.loc.device)
         z = (y - self.y_mean) / self.y_std
-        with torch.no_grad():
+        with torch.no_grad(), self._fixed():
             lp = self.likelihood.predictive_log_prob(z, self.loc, self.var)
         return torch.logsumexp(lp, 0) - math.log(self.num_samples) - math.log(self.y_std)
 
@@ -165,14 +174,37 @@ def predict(
     if likelihood is None:
         raise ValueError("predict() needs a model with a .likelihood (e.g. pyro_dgp.DeepGP)")
     last = model.layers[-1].name + ".f" if hasattr(model, "layers") else None
-    locs, vars_ = [], []
+    one_pass = isinstance(guide, LayerGuide) and guide.model is model
+    locs, vars_, hypers = [], [], []
     # one U per draw for all points: per-point draws (a training estimator) would give the
     # same per-point mixtures at O(N) times the sampling cost
     with torch.no_grad(), seeded(seed, X.device), shared_draws(guide):
         for chunk in X.split(batch_size, dim=-2):
+            n = chunk.shape[-2]
             with pyro.plate("_predictive_samples", S, dim=-2):
-                trace = poutine.trace(guide).get_trace(chunk)
+                if one_pass:  # the model's view too: its likelihood's values per draw
+                    trace, model_trace = guide.traces(chunk)
+                    hypers.append(_likelihood_values(model_trace, S, n))
+                else:
+                    trace = poutine.trace(guide).get_trace(chunk)
             loc, var = _last_marginal(trace, last)
-            locs.append(loc.squeeze(-1).expand(S, chunk.shape[-2]))
-            vars_.append(var.squeeze(-1).expand(S, chunk.shape[-2]))
-    return MixturePredictive(torch.cat(locs, -1), torch.cat(vars_, -1), likelihood, y_mean, y_std)
+            locs.append(loc.squeeze(-1).expand(S, n))
+            vars_.append(var.squeeze(-1).expand(S, n))
+    hyper = {}
+    if hypers and all(hypers):  # per draw and point, chunk by chunk
+        hyper = {k: torch.cat([h[k] for h in hypers], -1) for k in hypers[0]}
+    return MixturePredictive(torch.cat(locs, -1), torch.cat(vars_, -1), likelihood, y_mean, y_std,
+                             hyper)
+
+
+def _likelihood_values(model_trace, S: int, n: int) -> dict[str, torch.Tensor]:
+    """The likelihood's hyperparameters as the model's call read them (a guide's draws of a
+    Bayesian noise: one per predictive draw), each ``(S, n)``; ``{}`` if none recorded."""
+    for site in model_trace.nodes.values():
+        fn = site["fn"] if site["type"] == "sample" else None
+        while isinstance(fn, MaskedDistribution):
+            fn = fn.base_dist
+        if isinstance(fn, _Expected):
+            return {k: torch.as_tensor(v).reshape(v.shape[:1] + (1,) if v.dim() else ())
+                    .expand(S, n) for k, v in fn.hyperparameters.items()}
+    return {}

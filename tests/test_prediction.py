@@ -241,8 +241,6 @@ def test_nll_rmse_crps_by_hand():
     ref = np.mean([crps1(1.0, 1.0), crps1(0.0, 2.0), crps1(-4.0, 0.5)])
     assert metrics.crps(pred, y) == pytest.approx(ref, rel=1e-12)
     # the closed form against CRPS's definition, int (F(x) - 1{x >= y})^2 dx, by quadrature
-    from scipy import integrate
-
     for mu, sd, obs in ((0.0, 1.0, 1.0), (2.0, 0.5, 0.0)):
         below, _ = integrate.quad(lambda x, a=mu, b=sd: stats.norm.cdf(x, a, b) ** 2,
                                   -np.inf, obs)
@@ -323,3 +321,47 @@ def test_auc_known_values_and_random():
     assert metrics.auc(pred, torch.tensor(labels, dtype=DT)) == pytest.approx(expected, abs=1e-14)
     with pytest.raises(ValueError, match="both classes"):
         metrics.auc(_probit_predictive([0.2, 0.7]), torch.ones(2, dtype=DT))
+
+
+def test_bayesian_noise_reaches_the_predictive_and_the_pointwise_log_likelihood():
+    """A PyroSample noise on the library's Gaussian likelihood: each predictive draw's
+    component, and each draw's pointwise log-likelihood in the DataTree, use that draw's noise
+    from the guide (not the prior's, which PyroModule would draw outside the model's call)."""
+    import pyro.distributions as dist
+    from pyro.infer.autoguide import AutoNormal
+    from pyro.nn import PyroSample
+
+    import pyro_dgp as dgp
+    from pyro_dgp.arviz import to_datatree
+
+    data = dgp.datasets.step(n_train=30, n_test=20, seed=1)
+    X, y = data.X_train, data.y_train
+    model = dgp.DeepGP.regression(X, y, num_layers=1, num_inducing=5)
+    # prior median 0.018; the guide is set near 0.9
+    model.likelihood.variance = PyroSample(
+        dist.LogNormal(torch.tensor(-4.0, dtype=DT), torch.tensor(0.1, dtype=DT)))
+    guide = dgp.complete(AutoNormal(dgp.inducing_only(model), init_scale=0.05), model)
+    with torch.no_grad():
+        guide(X, y)
+        for name, p in guide.inner.named_parameters():
+            if "likelihood.variance" in name and name.startswith("locs"):
+                p.fill_(math.log(0.9))
+    pred = dgp.predict(model, guide, data.X_test, num_samples=50, batch_size=7, seed=0)
+    noise = pred.hyperparameters["variance"]  # (S, N): one draw per row and chunk of points
+    assert noise.shape == (50, 20)
+    assert all(bool((c == c[:, :1]).all()) for c in noise.split(7, -1))
+    assert 0.7 < float(noise.min()) and float(noise.max()) < 1.2 and float(noise.std()) > 0
+    comp = torch.distributions.Normal(pred.loc, (pred.var + noise).sqrt())
+    y_test = data.y_test
+    ref = torch.logsumexp(comp.log_prob(y_test), 0) - math.log(50)
+    torch.testing.assert_close(pred.log_prob(y_test), ref, rtol=1e-12, atol=0)
+    ref_var = (pred.var + noise).mean(0) + pred.loc.var(0, unbiased=False)
+    torch.testing.assert_close(pred.variance, ref_var, rtol=1e-12, atol=0)
+    # the DataTree's pointwise log-likelihood: each draw's own noise
+    dt = to_datatree(model, guide, X, y, num_samples=8, seed=0)
+    name = next(k for k in dt["posterior"].data_vars if str(k).endswith("likelihood.variance"))
+    draws = torch.as_tensor(dt["posterior"][name].values[0])  # (8,)
+    f_mean = torch.as_tensor(dt["layers"]["layer1.f_mean"].values[0, :, :, 0])  # (8, N)
+    f_var = torch.as_tensor(dt["layers"]["layer1.f_var"].values[0, :, :, 0])
+    ref_ll = torch.distributions.Normal(f_mean, (f_var + draws[:, None]).sqrt()).log_prob(y)
+    np.testing.assert_allclose(dt["log_likelihood"]["y"].values[0], ref_ll.numpy(), rtol=1e-10)

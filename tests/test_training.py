@@ -3,6 +3,7 @@
 import math
 
 import pyro
+import pyro.distributions as dist
 import pytest
 import torch
 from pyro.infer import Trace_ELBO
@@ -244,3 +245,43 @@ def test_pyro_svi_sees_and_trains_every_parameter(step, likelihood, guide_kind):
     after = dict(n_p for m in (model, guide) for n_p in m.named_parameters())
     frozen = [n for i, n in params.items() if torch.equal(after[n].detach(), before[n])]
     assert frozen == []
+
+
+def test_bayesian_noise_of_the_library_likelihood_is_the_guides_draw(step):
+    """A PyroSample noise variance on the Gaussian likelihood: the expected log-likelihood and
+    the observation draws use the guide's value of it, not a fresh prior draw (they are
+    evaluated after the model's call, where PyroModule would draw from the prior), in the
+    one-pass model trace and in the replayed one."""
+    from pyro import poutine
+    from pyro.infer.autoguide import AutoNormal
+    from pyro.nn import PyroSample
+
+    from pyro_dgp.guides.meanfield import deep_getattr
+
+    X, y = step.X_train[:30], step.y_train[:30]
+    model = dgp.DeepGP.regression(X, y, num_layers=1, num_inducing=5)
+    # prior near 0.018; the guide's AutoNormal starts near its median and is moved to ~0.9
+    model.likelihood.variance = PyroSample(
+        dist.LogNormal(torch.tensor(-4.0, dtype=DT), torch.tensor(0.1, dtype=DT)))
+    guide = dgp.complete(AutoNormal(dgp.inducing_only(model), init_scale=0.01), model)
+    with torch.no_grad():
+        guide(X, y)
+        name = next(n for n, site in poutine.trace(guide).get_trace(X, y).nodes.items()
+                    if site["type"] == "sample" and n.endswith("likelihood.variance"))
+        parent, leaf = name.rsplit(".", 1)
+        getattr(deep_getattr(guide.inner.locs, parent), leaf + "_unconstrained").fill_(
+            math.log(0.9))
+        pyro.set_rng_seed(0)
+        guide_trace, one_pass = guide.traces(X, y)
+        replayed = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(X, y)
+        noise = guide_trace.nodes[name]["value"]
+        assert 0.8 < float(noise) < 1.0
+        for trace in (one_pass, replayed):
+            fn = trace.nodes["y"]["fn"]
+            ref = -0.5 * (math.log(2 * math.pi) + noise.log()
+                          + ((y - fn.loc).square() + fn.var) / noise)
+            torch.testing.assert_close(fn.log_prob(y), ref, rtol=1e-12, atol=0)
+        # draws of y: residuals standardised by var + the guide's noise are unit normal
+        draws = torch.stack([fn.sample() for _ in range(200)])  # (200, 30)
+        z = (draws - fn.loc) / (fn.var + noise).sqrt()
+        assert float(z.std()) == pytest.approx(1.0, abs=4 / (2 * z.numel()) ** 0.5)
