@@ -327,25 +327,13 @@ def test_bayesian_noise_reaches_the_predictive_and_the_pointwise_log_likelihood(
     """A PyroSample noise on the library's Gaussian likelihood: each predictive draw's
     component, and each draw's pointwise log-likelihood in the DataTree, use that draw's noise
     from the guide (not the prior's, which PyroModule would draw outside the model's call)."""
-    import pyro.distributions as dist
-    from pyro.infer.autoguide import AutoNormal
-    from pyro.nn import PyroSample
-
     import pyro_dgp as dgp
     from pyro_dgp.arviz import to_datatree
+    from tests.test_training import bayesian_noise_model
 
     data = dgp.datasets.step(n_train=30, n_test=20, seed=1)
     X, y = data.X_train, data.y_train
-    model = dgp.DeepGP.regression(X, y, num_layers=1, num_inducing=5)
-    # prior median 0.018; the guide is set near 0.9
-    model.likelihood.variance = PyroSample(
-        dist.LogNormal(torch.tensor(-4.0, dtype=DT), torch.tensor(0.1, dtype=DT)))
-    guide = dgp.complete(AutoNormal(dgp.inducing_only(model), init_scale=0.05), model)
-    with torch.no_grad():
-        guide(X, y)
-        for name, p in guide.inner.named_parameters():
-            if "likelihood.variance" in name and name.startswith("locs"):
-                p.fill_(math.log(0.9))
+    model, guide = bayesian_noise_model(X, y, init_scale=0.05)
     pred = dgp.predict(model, guide, data.X_test, num_samples=50, batch_size=7, seed=0)
     noise = pred.hyperparameters["variance"]  # (S, N): one draw per row and chunk of points
     assert noise.shape == (50, 20)

@@ -247,30 +247,37 @@ def test_pyro_svi_sees_and_trains_every_parameter(step, likelihood, guide_kind):
     assert frozen == []
 
 
+def bayesian_noise_model(X, y, noise=0.9, init_scale=0.01):
+    """A 1-layer regression whose Gaussian noise variance is a PyroSample (prior median
+    0.018), with a completed AutoNormal whose noise location is set to ``noise``."""
+    from pyro.infer.autoguide import AutoNormal
+    from pyro.nn import PyroSample
+
+    model = dgp.DeepGP.regression(X, y, num_layers=1, num_inducing=5)
+    model.likelihood.variance = PyroSample(
+        dist.LogNormal(torch.tensor(-4.0, dtype=DT), torch.tensor(0.1, dtype=DT)))
+    guide = dgp.complete(AutoNormal(dgp.inducing_only(model), init_scale=init_scale), model)
+    with torch.no_grad():
+        guide(X, y)
+        located = [p for n, p in guide.inner.named_parameters()
+                   if n.startswith("locs") and "likelihood.variance" in n]
+        assert len(located) == 1
+        located[0].fill_(math.log(noise))
+    return model, guide
+
+
 def test_bayesian_noise_of_the_library_likelihood_is_the_guides_draw(step):
     """A PyroSample noise variance on the Gaussian likelihood: the expected log-likelihood and
     the observation draws use the guide's value of it, not a fresh prior draw (they are
     evaluated after the model's call, where PyroModule would draw from the prior), in the
     one-pass model trace and in the replayed one."""
     from pyro import poutine
-    from pyro.infer.autoguide import AutoNormal
-    from pyro.nn import PyroSample
-
-    from pyro_dgp.guides.meanfield import deep_getattr
 
     X, y = step.X_train[:30], step.y_train[:30]
-    model = dgp.DeepGP.regression(X, y, num_layers=1, num_inducing=5)
-    # prior near 0.018; the guide's AutoNormal starts near its median and is moved to ~0.9
-    model.likelihood.variance = PyroSample(
-        dist.LogNormal(torch.tensor(-4.0, dtype=DT), torch.tensor(0.1, dtype=DT)))
-    guide = dgp.complete(AutoNormal(dgp.inducing_only(model), init_scale=0.01), model)
+    model, guide = bayesian_noise_model(X, y)
     with torch.no_grad():
-        guide(X, y)
         name = next(n for n, site in poutine.trace(guide).get_trace(X, y).nodes.items()
                     if site["type"] == "sample" and n.endswith("likelihood.variance"))
-        parent, leaf = name.rsplit(".", 1)
-        getattr(deep_getattr(guide.inner.locs, parent), leaf + "_unconstrained").fill_(
-            math.log(0.9))
         pyro.set_rng_seed(0)
         guide_trace, one_pass = guide.traces(X, y)
         replayed = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(X, y)
