@@ -205,6 +205,7 @@ def _likelihood_values(model_trace, S: int, n: int) -> dict[str, torch.Tensor]:
         while isinstance(fn, MaskedDistribution):
             fn = fn.base_dist
         if isinstance(fn, _Expected):
-            return {k: torch.as_tensor(v).reshape(v.shape[:1] + (1,) if v.dim() else ())
-                    .expand(S, n) for k, v in fn.hyperparameters.items()}
+            # a point value is 0-d; a guide's draws are one per predictive draw, (S, 1)
+            return {k: (v.reshape(S, 1) if v.dim() else v).expand(S, n)
+                    for k, v in fn.hyperparameters.items()}
     return {}
