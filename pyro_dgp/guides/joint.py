@@ -37,6 +37,7 @@ import math
 
 import pyro.distributions as dist
 import torch
+import torch.nn.functional as F
 from pyro.distributions import constraints
 from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
@@ -512,16 +513,15 @@ class Chain(JointGaussian):
             m, L = deep_getattr(self.locs, site.name), self._scale(site)
             n = m.shape[-1]
             block = slice(offset, offset + n)
-            row = L.new_zeros(n, T)
-            if W is not None:
-                row = row + self._coupling(site) @ W
+            # out of place throughout: the triangular solve's output is saved for backward
+            place = (block.start, T - block.stop)  # pad (n, n) to (n, T) at this block
+            coupled = None if W is None else self._coupling(site) @ W  # C_l w_{l-1}
             W_next = None
             if not site.is_last:  # w_l = L_l^{-1} C_l w_{l-1} + e_l
-                W_next = L.new_zeros(n, T) if W is None else torch.linalg.solve_triangular(
-                    L, row, upper=False)
-                W_next[:, block] = W_next[:, block] + torch.eye(n, dtype=L.dtype,
-                                                                 device=L.device)
-            row[:, block] = row[:, block] + L
+                W_next = F.pad(torch.eye(n, dtype=L.dtype, device=L.device), place)
+                if coupled is not None:
+                    W_next = W_next + torch.linalg.solve_triangular(L, coupled, upper=False)
+            row = F.pad(L, place) if coupled is None else coupled + F.pad(L, place)
             means.append(m)
             rows.append(row)
             logdet = logdet + 2 * L.diagonal().log().sum()
