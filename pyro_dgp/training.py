@@ -16,6 +16,7 @@ from pyro.infer.util import is_validation_enabled
 from tqdm.auto import tqdm
 
 from .elbo import AnalyticKL_ELBO
+from .guides.base import LayerGuide
 from .validation import check_inputs, check_positive_int, check_targets
 
 __all__ = ["FitResult", "TrainingDivergedError", "fit", "make_objective", "make_optimizer"]
@@ -60,6 +61,8 @@ def make_objective(objective, guide, num_particles: int = 1) -> ELBO:
     if isinstance(objective, ELBO):
         if isinstance(objective, TraceMeanField_ELBO):
             _warn_mean_field(guide)
+        if isinstance(objective, RenyiELBO):
+            _check_per_draw_weights(guide)
         return objective
     num_particles = check_positive_int(num_particles, "num_particles")
     if objective == "auto":
@@ -70,7 +73,20 @@ def make_objective(objective, guide, num_particles: int = 1) -> ELBO:
         )
     if objective == "meanfield":
         _warn_mean_field(guide)
+    if objective == "renyi":
+        _check_per_draw_weights(guide)
     return _OBJECTIVES[objective](num_particles, num_particles > 1)
+
+
+def _check_per_draw_weights(guide) -> None:
+    if isinstance(guide, LayerGuide) and not guide.per_draw_weights:
+        raise ValueError(
+            f"RenyiELBO needs each draw's importance weight, which {type(guide).__name__} does "
+            "not give (it draws f from a collapsed marginal, not given the sampled u, or scores "
+            "u by a closed-form KL): the result would not be a bound on log p(y). Use "
+            "MeanField(model, collapsed=False) (guide 'meanfield-sampled') or a completed "
+            "autoguide (guides.complete; 'autonormal', 'automvn', ...), or the ELBO"
+        )
 
 
 def _warn_mean_field(guide) -> None:

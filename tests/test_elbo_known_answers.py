@@ -6,7 +6,7 @@ import math
 import pyro
 import pytest
 import torch
-from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
+from pyro.infer import RenyiELBO, Trace_ELBO, TraceMeanField_ELBO
 from torch.distributions import MultivariateNormal, Normal, kl_divergence
 
 import pyro_dgp as dgp
@@ -102,13 +102,13 @@ def test_svgp_elbo_monte_carlo_mean_matches_closed_form(whiten, collapsed, objec
     assert abs(float(est.mean()) - exact) < 3 * se, (float(est.mean()), exact, se)
 
 
-@pytest.mark.parametrize("whiten", [True, False])
-def test_optimal_q_at_the_data_gives_the_exact_marginal_likelihood(whiten):
-    N = 15
+def _exact_posterior(whiten, collapsed=True, N=15):
+    """One layer with Z = X and Titsias' optimal q(u), which is the exact posterior there:
+    ``(model, guide, X, y, log p(y))``."""
     X = torch.linspace(-3, 3, N, dtype=DT).unsqueeze(-1)
     model, _, y = _single_layer(N=N, Z=X.clone(), whiten=whiten, jitter=1e-12)
     X = X.clone()
-    guide = dgp.guides.MeanField(model)
+    guide = dgp.guides.MeanField(model, collapsed=collapsed)
     guide(X, y)
     layer = model.layers[0]
     with torch.no_grad():
@@ -127,8 +127,31 @@ def test_optimal_q_at_the_data_gives_the_exact_marginal_likelihood(whiten):
         guide.set_q("layer1.u", m.unsqueeze(0), torch.linalg.cholesky(S).unsqueeze(0))
         exact = float(MultivariateNormal(torch.zeros(N, dtype=DT), K + s2 * torch.eye(N, dtype=DT))
                       .log_prob(y))
+    return model, guide, X, y, exact
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+def test_optimal_q_at_the_data_gives_the_exact_marginal_likelihood(whiten):
+    model, guide, X, y, exact = _exact_posterior(whiten)
     elbo = -TraceMeanField_ELBO().loss(model, guide, X, y)
     assert abs(elbo - exact) / abs(exact) < 1e-6, (elbo, exact)
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.0])
+def test_renyi_bound_at_the_exact_posterior_is_the_marginal_likelihood(alpha):
+    """With each draw's own weight (sampled u, f given u), every weight p(y, u) / q(u) at
+    the exact posterior is p(y): the Renyi bound equals log p(y) for any alpha and any draws.
+    The collapsed estimator is refused (its RenyiELBO exceeded log p(y) by about 1 nat)."""
+    model, guide, X, y, exact = _exact_posterior(whiten=True, collapsed=False)
+    renyi = RenyiELBO(alpha=alpha, num_particles=20, vectorize_particles=True,
+                      max_plate_nesting=1)
+    assert dgp.training.make_objective(renyi, guide) is renyi
+    pyro.set_rng_seed(0)
+    bound = -renyi.loss(model, guide, X, y)
+    assert abs(bound - exact) / abs(exact) < 1e-6, (bound, exact)
+    model, guide, X, y, exact = _exact_posterior(whiten=True, collapsed=True)
+    with pytest.raises(ValueError, match="RenyiELBO needs each draw's importance weight"):
+        dgp.training.make_objective(renyi, guide)
 
 
 def test_collapsed_and_sampled_estimators_agree_and_collapsed_has_lower_variance():

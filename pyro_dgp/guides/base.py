@@ -141,6 +141,11 @@ class LayerGuide(PyroModule):
 
     #: TraceMeanField_ELBO is valid only if q factorises over layers like the prior does.
     mean_field = False
+    #: Whether one run's ``log p(y, u) - log q(u)`` summed over its sites is an importance
+    #: weight of that draw: every ``f`` drawn given the run's own ``u``, and every log-density
+    #: the site's own (not a closed-form KL). Objectives that are not linear in the log-weight
+    #: (``RenyiELBO``) need it; the ELBO does not, and collapsed estimators rely on that.
+    per_draw_weights = False
 
     def __init__(self, model, name: str | None = None):
         super().__init__(name=name if name is not None else unique_name(type(self).__name__))

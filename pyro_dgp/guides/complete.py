@@ -58,8 +58,12 @@ class Completed(LayerGuide):
     unbiased for any ``q(u)``).
 
     TraceMeanField_ELBO is valid only if ``inner`` itself factorises like the prior (e.g.
-    AutoNormal); it is not for a joint guide such as AutoMultivariateNormal.
+    AutoNormal); it is not for a joint guide such as AutoMultivariateNormal. Every log-density
+    is a site's own, so ``RenyiELBO`` is a valid bound too (see
+    :attr:`~pyro_dgp.guides.base.LayerGuide.per_draw_weights`).
     """
+
+    per_draw_weights = True
 
     def __init__(self, inner, model, name=None):
         super().__init__(model, name=name)

@@ -65,7 +65,12 @@ class MeanField(LayerGuide):
     the next layer, ``E_q(u) KL(q(u') || p(u' | u))``, is estimated with the shared draw of
     the ``<layer>.u`` site.) Sample paths need :meth:`shared_draws`, as for the joint guides.
 
-    Valid with ``Trace_ELBO``, ``TraceMeanField_ELBO`` (analytic KL) and ``RenyiELBO``.
+    Valid with ``Trace_ELBO`` and ``TraceMeanField_ELBO`` (analytic KL). ``RenyiELBO`` needs
+    each draw's own importance weight, so only ``collapsed=False`` without per-point draws: a
+    collapsed ``f`` is drawn from ``q(f)``, not given the sampled ``u``, which leaves the
+    ELBO's expectation unchanged but not ``E[w^(1 - alpha)]`` (at the exact posterior of a
+    one-layer GP the collapsed RenyiELBO exceeded ``log p(y)`` by about 1 nat).
+    ``pyro_dgp.fit`` refuses the combination (:attr:`per_draw_weights`).
     """
 
     mean_field = True
@@ -83,6 +88,15 @@ class MeanField(LayerGuide):
         self._point_u: dict = {}
         self.locs = PyroModule()
         self.scale_trils = PyroModule()
+
+    @property
+    def per_draw_weights(self) -> bool:
+        model = self.model
+        layers = [s.layer for s in self.layer_sites] or (  # before the first call: the model's
+            list(model.modules()) if isinstance(model, torch.nn.Module) else [])
+        per_point_u = self.per_point and any(
+            getattr(layer, "feeds_inducing_inputs", False) for layer in layers)
+        return not self.collapsed and not per_point_u
 
     def _reparameterised(self, site: LayerSite) -> bool:
         """Whether ``q(u)`` at ``site`` is stored relative to ``K(Z_ref)`` (see the class)."""
