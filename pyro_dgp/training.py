@@ -201,7 +201,9 @@ def fit(
 
     if seed is not None:
         pyro.set_rng_seed(seed)
-    generator = torch.Generator().manual_seed(0 if seed is None else seed)
+    # the minibatch stream: from the seed, else from torch's global stream (as is)
+    generator = torch.Generator().manual_seed(
+        seed if seed is not None else int(torch.randint(2**62, ()).item()))
     elbo = make_objective(objective, guide, num_particles)
     with torch.no_grad():
         guide(X[:B], y[:B])  # creates lazily-built variational parameters
@@ -219,6 +221,14 @@ def fit(
             model.load_state_dict(state["model"])
             guide.load_state_dict(state["guide"])
             opt.load_state_dict(state["optimizer"])
+            for group in opt.param_groups:  # load_state_dict brought back the saved rate
+                group["lr"] = lr  # (a decaying schedule sets each step's rate from lr below)
+            saved_lr = state.get("lr")
+            if saved_lr is not None and saved_lr != lr:
+                warnings.warn(
+                    f"resuming with lr={lr}; the checkpoint was written with lr={saved_lr}: "
+                    "the run continues from its state at the new rate, not exactly",
+                    UserWarning, stacklevel=2)
             _set_rng_state(state["rng"], generator)
             result.losses = list(state["losses"])
             start = result.resumed_from = int(state["step"])
@@ -234,6 +244,7 @@ def fit(
                 "optimizer": opt.state_dict(),
                 "rng": rng if rng is not None else _rng_state(generator),
                 "losses": result.losses,
+                "lr": lr,
             })
 
     differentiable = hasattr(elbo, "differentiable_loss")

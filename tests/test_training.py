@@ -122,6 +122,50 @@ def test_nan_guard_stops_and_restores_the_last_good_state(step, tmp_path):
     assert saved["step"] == 4 and len(saved["losses"]) == 4
 
 
+@pytest.mark.filterwarnings("ignore:Encountered NaN")
+def test_resume_after_divergence_takes_the_new_learning_rate(step, tmp_path):
+    """The divergence message advises a smaller lr: a resumed run must use it (the
+    optimizer's saved state would bring back the old one), and say it is not exact."""
+    X, y = step.X_train, step.y_train
+    ckpt = tmp_path / "div.pt"
+    model, guide = _small(step)
+    with pytest.raises(dgp.TrainingDivergedError):
+        dgp.fit(model, guide, X, y, num_steps=10, seed=1, lr=0.5, progress=False,
+                objective=_FailingELBO(at=5), checkpoint=ckpt)
+    model, guide = _small(step)
+    seen = []
+
+    class _RecordLR(torch.optim.Adam):
+        def step(self, closure=None):
+            seen.append(self.param_groups[0]["lr"])
+            return super().step(closure)
+
+    with pytest.warns(UserWarning, match="checkpoint was written with lr=0.5"):
+        r = dgp.fit(model, guide, X, y, num_steps=10, seed=1, lr=0.01, progress=False,
+                    checkpoint=ckpt, resume=True, optimizer=_RecordLR)
+    assert r.resumed_from == 4 and seen == [0.01] * 6
+
+
+def test_unseeded_runs_draw_their_own_minibatches(step):
+    """seed=None leaves the random streams as they are: the minibatch stream follows
+    torch's global one, so unseeded runs differ and a global seed reproduces them."""
+
+    class _RecordBatches(Trace_ELBO):
+        def differentiable_loss(self, model, guide, X, y):
+            batches.append(X.clone())
+            return super().differentiable_loss(model, guide, X, y)
+
+    runs = []
+    for global_seed in (0, 1, 0):
+        batches = []
+        model, guide = _small(step)
+        torch.manual_seed(global_seed)
+        dgp.fit(model, guide, step.X_train, step.y_train, num_steps=3, batch_size=16,
+                seed=None, progress=False, objective=_RecordBatches(max_plate_nesting=1))
+        runs.append(torch.stack(batches))
+    assert torch.equal(runs[0], runs[2]) and not torch.equal(runs[0], runs[1])
+
+
 def test_interrupt_saves_a_checkpoint_that_resumes(step, tmp_path):
     X, y = step.X_train, step.y_train
     ckpt = tmp_path / "int.pt"
