@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import warnings
 from pathlib import Path
 
 import arviz_base
@@ -572,8 +573,6 @@ def variational_pareto_k(
     :returns: :class:`VariationalPSIS` (``.k``, ``.log_weights``, ``.ess``, ``.elbo``,
         ``.log_marginal``).
     """
-    from arviz_stats.base import array_stats
-
     check_inputs(X)
     S = check_positive_int(num_samples, "num_samples")
     with torch.no_grad(), seeded(seed, X.device):
@@ -595,7 +594,29 @@ def variational_pareto_k(
     log_w = _np(log_p - log_q).astype(np.float64)
     if not np.all(np.isfinite(log_w)):
         raise ValueError("non-finite importance weights: check the model and guide")
-    smoothed, k = array_stats.psislw(-log_w, r_eff=1.0)
-    smoothed = np.asarray(smoothed, dtype=np.float64)
-    smoothed = smoothed - np.logaddexp.reduce(smoothed)
-    return VariationalPSIS(log_w, smoothed, float(k))
+    smoothed, k = pareto_smooth(log_w)
+    return VariationalPSIS(log_w, smoothed, k)
+
+
+def pareto_smooth(log_w: np.ndarray) -> tuple[np.ndarray, float]:
+    """``(normalised smoothed log-weights (S,), k-hat)`` of raw log-weights ``(S,)``.
+
+    ArviZ's PSIS returns NaN weights with k-hat 0.1 once one weight dominates the tail (raw
+    log-weights spread over ~1000 nats, as early in a deep model's fit): a "good" k for the
+    worst case. There k-hat is reported as ``inf`` with a warning, and the raw weights kept.
+    """
+    from arviz_stats.base import array_stats
+
+    log_w = np.asarray(log_w, dtype=np.float64)
+    with np.errstate(all="ignore"):  # its failure is detected and reported below
+        smoothed, k = array_stats.psislw(-(log_w - log_w.max()), r_eff=1.0)  # negates its input
+    smoothed, k = np.asarray(smoothed, dtype=np.float64), float(k)
+    if not (np.all(np.isfinite(smoothed)) and np.isfinite(k)):
+        top = np.sort(log_w)[-2:]
+        warnings.warn(
+            f"Pareto smoothing failed: the largest importance weight dominates (log-weights "
+            f"span {log_w.max() - log_w.min():.0f} nats, the top two differ by "
+            f"{top[1] - top[0]:.0f}); k-hat is reported as inf",
+            UserWarning, stacklevel=3)
+        smoothed, k = log_w, math.inf
+    return smoothed - np.logaddexp.reduce(smoothed), k

@@ -343,6 +343,25 @@ def test_pareto_k_near_optimum_and_far_from_it():
     assert bad.k > 0.7
 
 
+@pytest.mark.parametrize("spread", [1.0, 30.0, 1000.0])
+def test_pareto_smoothing_of_widely_spread_weights_is_never_called_good(spread):
+    """Log-weights N(0, spread^2), S = 200: the tail is heavier the wider the spread (k-hat
+    of log-normal weights grows with it); where ArviZ's fit breaks down (one weight
+    dominating) k-hat is inf with a warning, never a 'good' value with NaN weights."""
+    from pyro_dgp.arviz import pareto_smooth
+
+    log_w = spread * np.random.default_rng(0).standard_normal(200)
+    if spread > 300:
+        with pytest.warns(UserWarning, match="largest importance weight dominates"):
+            smoothed, k = pareto_smooth(log_w)
+        assert k == math.inf
+    else:
+        smoothed, k = pareto_smooth(log_w)
+        assert (k < 0.7) if spread == 1.0 else (k > 0.7)
+    assert np.isfinite(smoothed).all()
+    assert np.logaddexp.reduce(smoothed) == pytest.approx(0.0, abs=1e-12)
+
+
 def test_pareto_k_deep_model_runs():
     model, guide, X, y = _fitted("automvn", steps=10)
     res = variational_pareto_k(model, guide, X, y, num_samples=100, seed=0)
