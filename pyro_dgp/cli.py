@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -132,18 +133,61 @@ def _plot_predictions(data, preds, path: Path) -> None:
 
 
 # -------------------------------------------------------------------------------------- fit
-def _load_data(args):
-    if args.data.endswith(".csv"):
-        if not args.target:
-            raise SystemExit("error: --target is required with a CSV file")
-        data = datasets.load_csv(args.data, target=args.target, seed=args.seed)
+# Keys of a saved fit's config that rebuild its data split (besides "model" and "guide"):
+#   data           UCI/synthetic name, or the absolute path of a CSV file
+#   target         CSV target column (None for named sets, whose target is fixed)
+#   split          UCI: index of the standard split; synthetic set / CSV file: the split's seed
+#   test_fraction  CSV: fraction of rows held out (None for named sets)
+#   data_dir       absolute folder searched first for UCI files (None: $PYRO_DGP_DATA, cache)
+#   dtype, device  of the data and model
+#   seed           seed of model initialisation, training and prediction
+#   samples        predictive samples S behind the reported metrics
+_DEFAULT_TEST_FRACTION = 0.1
+
+
+def _is_csv(data: str) -> bool:
+    return str(data).lower().endswith(".csv")
+
+
+def _data_spec(data, target, split, test_fraction, data_dir, device, dtype, seed) -> dict:
+    """Check the data arguments and fill in their defaults; the result is saved with a fit."""
+    if _is_csv(data):
+        if not target:
+            raise ValueError("--target is required with a CSV file (the target column's name)")
+        if data_dir is not None:
+            raise ValueError("--data-dir is only for UCI sets; give the CSV file's path in --data")
+        return {"data": str(Path(data).expanduser().resolve()), "target": target,
+                "split": int(seed if split is None else split),
+                "test_fraction": float(_DEFAULT_TEST_FRACTION if test_fraction is None
+                                       else test_fraction),
+                "data_dir": None, "device": device, "dtype": dtype}
+    if target is not None:
+        raise ValueError(f"--target is only for CSV files: {data!r} is a named data set with a "
+                         "fixed target column")
+    if test_fraction is not None:
+        raise ValueError(f"--test-fraction is only for CSV files: {data!r} has fixed train/test "
+                         "splits (choose one with --split)")
+    if data_dir is None:
+        data_dir = os.environ.get(datasets.ENV_VAR) or None
+    if data_dir is not None:
+        data_dir = str(Path(data_dir).expanduser().resolve())
+    return {"data": data, "target": None, "split": int(0 if split is None else split),
+            "test_fraction": None, "data_dir": data_dir, "device": device, "dtype": dtype}
+
+
+def _load_data(spec: dict):
+    if _is_csv(spec["data"]):
+        data = datasets.load_csv(spec["data"], target=spec["target"], seed=spec["split"],
+                                 test_fraction=spec["test_fraction"])
     else:
-        data = datasets.load(args.data, split=args.split, data_dir=args.data_dir)
-    return data.to(device=args.device, dtype=_DTYPES[args.dtype])
+        data = datasets.load(spec["data"], split=spec["split"], data_dir=spec["data_dir"])
+    return data.to(device=spec["device"], dtype=_DTYPES[spec["dtype"]])
 
 
 def cmd_fit(args) -> int:
-    data = _load_data(args)
+    spec = _data_spec(args.data, args.target, args.split, args.test_fraction, args.data_dir,
+                      args.device, args.dtype, args.seed)
+    data = _load_data(spec)
     pyro.set_rng_seed(args.seed)
     model_cfg = {"num_layers": args.layers, "num_inducing": min(args.inducing, data.num_train),
                  "seed": args.seed}
@@ -151,7 +195,8 @@ def cmd_fit(args) -> int:
         model_cfg["hidden_dim"] = args.hidden_dim
     if args.classification:
         model_cfg["task"] = "classification"
-    config = {"model": model_cfg, "guide": args.guide, "data": args.data, "split": args.split}
+    config = {"model": model_cfg, "guide": args.guide, **spec, "seed": args.seed,
+              "samples": args.samples}
     kwargs = {k: v for k, v in model_cfg.items() if k != "task"}
     build = DeepGP.classification if args.classification else DeepGP.regression
     model = build(data.X_train, data.y_train, **kwargs)
@@ -180,17 +225,41 @@ def _evaluate(model, guide, data, num_samples, classification, seed=0) -> dict:
     return _scores(pred, y, classification)
 
 
+def _evaluate_settings(args, cfg: dict) -> tuple[dict, int, int]:
+    """``(data spec, seed, samples)``: the fit's saved values, overridden by explicit ones."""
+    seed = args.seed if args.seed is not None else cfg.get("seed", cfg["model"].get("seed", 0))
+    samples = args.samples if args.samples is not None else cfg.get("samples", 100)
+    data = args.data if args.data is not None else cfg.get("data")
+    if data is None:
+        raise ValueError("--data is required (the fit does not record its data set)")
+    # The saved target / split / test fraction / data folder describe the saved data set; they
+    # carry over unless --data names another kind of data (a CSV file instead of a named set,
+    # or the other way round). Fits saved before these keys existed split a CSV file with
+    # their seed (their "split" was unused), so their split is left to default to the seed.
+    same_kind = cfg.get("data") is not None and _is_csv(data) == _is_csv(cfg["data"])
+    saved = dict(cfg) if same_kind else {}
+    if "test_fraction" not in cfg and _is_csv(data):
+        saved.pop("split", None)
+
+    def pick(name, default=None):
+        value = getattr(args, name)
+        return value if value is not None else saved.get(name, default)
+
+    spec = _data_spec(data, pick("target"), pick("split"), pick("test_fraction"),
+                      pick("data_dir"),
+                      args.device if args.device is not None else cfg.get("device", "cpu"),
+                      args.dtype if args.dtype is not None else cfg.get("dtype", "float64"),
+                      seed)
+    return spec, seed, samples
+
+
 def cmd_evaluate(args) -> int:
-    state = torch.load(args.fit, weights_only=False, map_location=args.device)
-    cfg = state["config"]
-    args.data = args.data or cfg.get("data")
-    if args.data is None:
-        raise SystemExit("error: --data is required (the fit does not record its data set)")
-    args.split = cfg.get("split", 0) if args.split is None else args.split
-    data = _load_data(args)
+    cfg = torch.load(args.fit, weights_only=False, map_location="cpu")["config"]
+    spec, seed, samples = _evaluate_settings(args, cfg)
+    data = _load_data(spec)
     model, guide, cfg = load_fit(args.fit, data.X_train, data.y_train)
     classification = cfg["model"].get("task") == "classification"
-    scores = _evaluate(model, guide, data, args.samples, classification, args.seed)
+    scores = _evaluate(model, guide, data, samples, classification, seed)
     print(json.dumps(scores, indent=2))
     if args.plots:
         out = Path(args.plots)
@@ -224,20 +293,36 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--quiet", action="store_true", help="no progress bars")
     d.set_defaults(func=cmd_demo)
 
-    def data_args(q, required=True):
-        q.add_argument("--data", required=required,
-                       help="a UCI name (boston, energy, ...), a built-in set, or a CSV path")
-        q.add_argument("--target", help="target column of a CSV file")
-        q.add_argument("--split", type=int, default=None if not required else 0)
-        q.add_argument("--data-dir", help="folder with uci/ (default: $PYRO_DGP_DATA, cache)")
-        q.add_argument("--device", default="cpu")
-        q.add_argument("--dtype", choices=sorted(_DTYPES), default="float64")
-        q.add_argument("--samples", type=_positive_int, default=100,
-                       help="predictive samples S")
-        q.add_argument("--seed", type=int, default=0)
+    def data_args(q, for_fit: bool):
+        saved = "" if for_fit else " (default: the fit's)"
+        q.add_argument("--data", required=for_fit,
+                       help="a UCI name (boston, energy, ...), a built-in set, or a CSV path"
+                            + saved)
+        q.add_argument("--target",
+                       help="target column of a CSV file (required for CSV, an error for "
+                            "named sets, whose target is fixed)" + saved)
+        q.add_argument("--split", type=int, default=None,
+                       help="which train/test split: for a UCI set the index of the standard "
+                            "split (default 0), for a built-in set its seed, for a CSV file "
+                            "the seed of its random split (default: --seed)" + saved)
+        q.add_argument("--test-fraction", type=float, default=None,
+                       help="CSV files only: fraction of rows held out for testing (default "
+                            f"{_DEFAULT_TEST_FRACTION})" + saved)
+        q.add_argument("--data-dir",
+                       help="folder with uci/ (default: $PYRO_DGP_DATA, cache)" + saved)
+        q.add_argument("--device", default="cpu" if for_fit else None,
+                       help="torch device (default cpu)" + saved)
+        q.add_argument("--dtype", choices=sorted(_DTYPES),
+                       default="float64" if for_fit else None,
+                       help="floating-point type (default float64)" + saved)
+        q.add_argument("--samples", type=_positive_int, default=100 if for_fit else None,
+                       help="predictive samples S (default 100)" + saved)
+        q.add_argument("--seed", type=int, default=0 if for_fit else None,
+                       help="seed of initialisation, training and prediction (default 0)"
+                            + saved)
 
     f = sub.add_parser("fit", help="fit a DGP to a UCI set or a CSV file")
-    data_args(f)
+    data_args(f, for_fit=True)
     f.add_argument("--layers", type=_positive_int, default=2)
     f.add_argument("--hidden-dim", type=_positive_int)
     f.add_argument("--inducing", type=_positive_int, default=100)
@@ -255,18 +340,29 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--quiet", action="store_true")
     f.set_defaults(func=cmd_fit)
 
-    e = sub.add_parser("evaluate", help="score a saved fit on its test split")
+    e = sub.add_parser(
+        "evaluate", help="score a saved fit on its test split",
+        description="Score a saved fit on the test split it was fitted with. The data set, "
+                    "split, dtype, device, seed and number of samples are read from the fit; "
+                    "an argument given here overrides the saved value.")
     e.add_argument("fit", help="fit.pt written by 'pyro-dgp fit'")
-    data_args(e, required=False)
+    data_args(e, for_fit=False)
     e.add_argument("--plots", metavar="DIR",
                    help="also write the ArviZ DataTree and per-layer diagnostic PNGs here")
     e.set_defaults(func=cmd_evaluate)
 
+    # the suite's own options are left unparsed (parse_known_args) and passed on to it
     b = sub.add_parser("bench", help="benchmarks: uci | speed | compositional (options after "
                                      "the suite name go to it; see 'pyro-dgp bench uci -h')",
-                       add_help=False)
-    b.add_argument("suite", choices=["uci", "speed", "compositional"])
-    b.set_defaults(func=cmd_bench)
+                       usage="%(prog)s [-h] {uci,speed,compositional} [SUITE OPTIONS ...]",
+                       description="Run a benchmark suite. Options after the suite name go "
+                                   "to the suite: 'pyro-dgp bench SUITE -h' lists them.",
+                       add_help=False, allow_abbrev=False)
+    b.add_argument("-h", "--help", action="store_true",
+                   help="show this help (after a suite name: the suite's help) and exit")
+    b.add_argument("suite", nargs="?", choices=["uci", "speed", "compositional"],
+                   help="the benchmark suite")
+    b.set_defaults(func=cmd_bench, bench_parser=b)
     return p
 
 
@@ -274,7 +370,12 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = build_parser().parse_known_args(argv)
     try:
         if args.command == "bench":
-            return cmd_bench(args, rest)
+            if args.suite is None:
+                if args.help:
+                    args.bench_parser.print_help()
+                    return 0
+                args.bench_parser.error("the following arguments are required: suite")
+            return cmd_bench(args, rest + ["--help"] if args.help else rest)
         if rest:
             build_parser().parse_args(argv)  # reports the unknown arguments and exits
         return args.func(args)

@@ -50,9 +50,25 @@ def check_targets(y, num_data: int, label: str = "y", binary: bool = False) -> N
 
 
 def check_positive_int(value, label: str, upper: int | None = None) -> int:
-    """An integer ``>= 1`` (and ``<= upper``), else ``ValueError`` naming ``label``."""
-    if isinstance(value, bool) or int(value) != value or int(value) <= 0:
-        raise ValueError(f"{label} must be a positive integer, got {value!r}")
-    if upper is not None and int(value) > upper:
-        raise ValueError(f"{label} must be at most {upper}, got {value}")
-    return int(value)
+    """An integer ``>= 1`` (and ``<= upper``), returned as ``int``.
+
+    :raises TypeError: ``value`` is not a number (``None``, a string, a bool, ...); the
+        message names ``label`` and the value.
+    :raises ValueError: a number but not a whole number ``>= 1`` (``0``, ``-1``, ``2.5``,
+        ``nan``, ``inf``), or above ``upper``; the message names ``label``.
+    """
+    message = f"{label} must be a positive integer, got {value!r}"
+    if value is None or isinstance(value, (bool, str, bytes)):
+        raise TypeError(f"{message} (of type {type(value).__name__})")
+    try:
+        as_int = int(value)
+        whole = bool(as_int == value)
+    except TypeError:
+        raise TypeError(f"{message} (of type {type(value).__name__})") from None
+    except (ValueError, OverflowError, RuntimeError):  # nan, inf, tensors of several values
+        raise ValueError(message) from None
+    if not whole or as_int <= 0:
+        raise ValueError(message)
+    if upper is not None and as_int > upper:
+        raise ValueError(f"{label} must be at most {upper}, got {value!r}")
+    return as_int

@@ -4,7 +4,9 @@ import json
 import os
 from pathlib import Path
 
+import pyro
 import pytest
+import torch
 
 from pyro_dgp.cli import main
 
@@ -14,6 +16,11 @@ needs_uci = pytest.mark.skipif(
     not (DATA / "uci" / "bostonHousing").exists() and not (DATA / "bostonHousing").exists(),
     reason="UCI data not found (set PYRO_DGP_DATA)",
 )
+needs_yacht = pytest.mark.skipif(
+    not (DATA / "uci" / "yacht").exists() and not (DATA / "yacht").exists(),
+    reason="UCI yacht data not found (set PYRO_DGP_DATA)",
+)
+_METRICS = ("nll", "rmse", "crps", "coverage95")
 
 
 def test_demo_runs_and_writes_results(tmp_path, capsys):
@@ -97,3 +104,129 @@ def test_bad_arguments_name_the_argument(argv, word, capsys):
     with pytest.raises(SystemExit):
         main(argv)
     assert word in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [[], ["demo"], ["fit"], ["evaluate"], ["bench"], ["bench", "uci"], ["bench", "speed"],
+     ["bench", "compositional"]],
+    ids=lambda c: " ".join(c) or "pyro-dgp",
+)
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_every_command_answers_help(command, flag, capsys):
+    try:
+        code = main(command + [flag])
+    except SystemExit as exc:
+        code = exc.code
+    assert code in (0, None)
+    assert "usage:" in capsys.readouterr().out
+
+
+def test_bench_without_a_suite_is_an_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench"])
+    assert exc.value.code == 2
+    assert "suite" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "extra, word",
+    [(["--target", "y"], "--target"),
+     (["--test-fraction", "0.2"], "--test-fraction")],
+)
+def test_csv_only_arguments_are_rejected_for_named_sets(tmp_path, extra, word, capsys):
+    for data in ("boston", "step"):
+        code = main(["fit", "--data", data, "--steps", "2", "--output", str(tmp_path),
+                     "--quiet", *extra])
+        assert code == 2
+        err = capsys.readouterr().err
+        assert word in err and data in err
+
+
+def _fit_then_evaluate(fit_args, eval_args, output, capsys):
+    """Metrics reported by ``fit`` and by ``evaluate`` of its fit.pt (fresh param store)."""
+    assert main(["fit", *fit_args, "--output", str(output), "--quiet"]) == 0
+    fitted = json.loads((output / "metrics.json").read_text())
+    capsys.readouterr()
+    pyro.clear_param_store()
+    assert main(["evaluate", str(output / "fit.pt"), *eval_args]) == 0
+    return fitted, json.loads(capsys.readouterr().out)
+
+
+@needs_yacht
+def test_evaluate_reproduces_a_float32_seeded_uci_fit(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("PYRO_DGP_DATA", raising=False)  # the saved data_dir must suffice
+    fit_args = ["--data", "yacht", "--data-dir", str(DATA), "--dtype", "float32", "--seed", "5",
+                "--split", "3", "--layers", "2", "--inducing", "5", "--steps", "10",
+                "--samples", "5"]
+    fitted, evaluated = _fit_then_evaluate(fit_args, [], tmp_path, capsys)
+    for k in _METRICS:
+        assert evaluated[k] == fitted[k], k
+    cfg = torch.load(tmp_path / "fit.pt", weights_only=False)["config"]
+    assert {k: cfg[k] for k in ("data", "target", "split", "test_fraction", "dtype", "device",
+                                "seed", "samples")} == {
+        "data": "yacht", "target": None, "split": 3, "test_fraction": None, "dtype": "float32",
+        "device": "cpu", "seed": 5, "samples": 5}
+    assert Path(cfg["data_dir"]) == DATA.resolve()
+    # an explicit argument overrides the saved value
+    assert main(["evaluate", str(tmp_path / "fit.pt"), "--seed", "6"]) == 0
+    assert json.loads(capsys.readouterr().out)["nll"] != fitted["nll"]
+    assert main(["evaluate", str(tmp_path / "fit.pt"), "--target", "y"]) == 2
+    assert "--target" in capsys.readouterr().err
+
+
+def _write_csv(path: Path) -> Path:
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(60, 2, generator=g, dtype=torch.float64)
+    y = torch.sin(6 * X[:, 0]) + X[:, 1] ** 2
+    rows = [f"{a:.6f},{b:.6f},{t:.6f}" for (a, b), t in zip(X.tolist(), y.tolist(), strict=True)]
+    path.write_text("a,b,target\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def test_evaluate_reproduces_a_float32_seeded_csv_fit_without_target(tmp_path, capsys,
+                                                                     monkeypatch):
+    csv = _write_csv(tmp_path / "d.csv")
+    monkeypatch.chdir(tmp_path)  # a relative path in --data is saved as an absolute one
+    fit_args = ["--data", "d.csv", "--target", "target", "--dtype", "float32", "--seed", "5",
+                "--inducing", "5", "--steps", "10", "--samples", "5"]
+    fitted, evaluated = _fit_then_evaluate(fit_args, [], tmp_path / "o", capsys)
+    for k in _METRICS:
+        assert evaluated[k] == fitted[k], k
+    cfg = torch.load(tmp_path / "o" / "fit.pt", weights_only=False)["config"]
+    assert cfg["data"] == str(csv.resolve()) and Path(cfg["data"]).is_absolute()
+    assert (cfg["target"], cfg["split"], cfg["test_fraction"], cfg["dtype"], cfg["seed"]) == (
+        "target", 5, 0.1, "float32", 5)
+    # --split is the seed of a CSV file's random split, saved and reused by evaluate; another
+    # split seed gives another test set
+    fit_args += ["--split", "7", "--test-fraction", "0.25"]
+    fitted7, evaluated7 = _fit_then_evaluate(fit_args, [], tmp_path / "o7", capsys)
+    for k in _METRICS:
+        assert evaluated7[k] == fitted7[k], k
+    assert fitted7["nll"] != fitted["nll"]
+    cfg7 = torch.load(tmp_path / "o7" / "fit.pt", weights_only=False)["config"]
+    assert (cfg7["split"], cfg7["test_fraction"], cfg7["seed"]) == (7, 0.25, 5)
+    assert main(["evaluate", str(tmp_path / "o7" / "fit.pt"), "--data-dir", "x"]) == 2
+    assert "--data-dir" in capsys.readouterr().err
+
+
+def test_evaluate_still_reads_a_fit_saved_without_the_data_settings(tmp_path, capsys):
+    """Fits saved before the data settings were recorded split a CSV file with their seed."""
+    csv = _write_csv(tmp_path / "d.csv")
+    fit_args = ["--data", str(csv), "--target", "target", "--seed", "3", "--inducing", "5",
+                "--steps", "5", "--samples", "4"]
+    assert main(["fit", *fit_args, "--output", str(tmp_path), "--quiet"]) == 0
+    fitted = json.loads((tmp_path / "metrics.json").read_text())
+    capsys.readouterr()
+    state = torch.load(tmp_path / "fit.pt", weights_only=False)
+    cfg = state["config"]
+    state["config"] = {"model": cfg["model"], "guide": cfg["guide"], "data": str(csv),
+                       "split": 0}
+    torch.save(state, tmp_path / "old.pt")
+    assert main(["evaluate", str(tmp_path / "old.pt"), "--samples", "4"]) == 2
+    assert "--target" in capsys.readouterr().err
+    assert main(["evaluate", str(tmp_path / "old.pt"), "--samples", "4", "--target",
+                 "target"]) == 0
+    evaluated = json.loads(capsys.readouterr().out)
+    for k in _METRICS:
+        assert evaluated[k] == fitted[k], k

@@ -132,3 +132,34 @@ def test_near_singular_kzz_warns_and_recovers_with_more_jitter():
     with pytest.warns(dgp.NumericalWarning, match="layer 'warp'"):
         L = layer.kzz_cholesky()
     assert torch.isfinite(L).all()
+
+
+@pytest.mark.parametrize(
+    "value, error",
+    [(None, TypeError), (float("inf"), ValueError), (float("nan"), ValueError),
+     (0, ValueError), (-1, ValueError), (2.5, ValueError), ("3", TypeError),
+     (True, TypeError)],
+    ids=repr,
+)
+def test_check_positive_int_names_the_parameter_and_the_value(value, error):
+    from pyro_dgp.validation import check_positive_int
+
+    with pytest.raises(error, match=r"^num_inducing must be a positive integer, got ") as exc:
+        check_positive_int(value, "num_inducing")
+    assert repr(value) in str(exc.value)
+
+
+@pytest.mark.parametrize("value", [None, float("inf"), float("nan"), 2.5, "3"], ids=repr)
+def test_model_names_num_inducing_for_values_int_cannot_take(data, value):
+    with pytest.raises((TypeError, ValueError), match="num_inducing must be a positive integer"):
+        dgp.DeepGP.regression(*data, num_inducing=value)
+
+
+def test_check_positive_int_accepts_whole_numbers():
+    from pyro_dgp.validation import check_positive_int
+
+    assert check_positive_int(3, "n") == 3
+    assert check_positive_int(3.0, "n") == 3
+    assert check_positive_int(torch.tensor(4), "n") == 4
+    with pytest.raises(ValueError, match="n must be at most 3, got 4"):
+        check_positive_int(4, "n", upper=3)
