@@ -175,10 +175,10 @@ def _data_spec(data, target, split, test_fraction, data_dir, device, dtype, seed
             "test_fraction": None, "data_dir": data_dir, "device": device, "dtype": dtype}
 
 
-def _load_data(spec: dict):
+def _load_data(spec: dict, classification: bool = False):
     if _is_csv(spec["data"]):
         data = datasets.load_csv(spec["data"], target=spec["target"], seed=spec["split"],
-                                 test_fraction=spec["test_fraction"])
+                                 test_fraction=spec["test_fraction"], labels=classification)
     else:
         data = datasets.load(spec["data"], split=spec["split"], data_dir=spec["data_dir"])
     return data.to(device=spec["device"], dtype=_DTYPES[spec["dtype"]])
@@ -187,7 +187,7 @@ def _load_data(spec: dict):
 def cmd_fit(args) -> int:
     spec = _data_spec(args.data, args.target, args.split, args.test_fraction, args.data_dir,
                       args.device, args.dtype, args.seed)
-    data = _load_data(spec)
+    data = _load_data(spec, args.classification)
     pyro.set_rng_seed(args.seed)
     model_cfg = {"num_layers": args.layers, "num_inducing": min(args.inducing, data.num_train),
                  "seed": args.seed}
@@ -256,9 +256,9 @@ def _evaluate_settings(args, cfg: dict) -> tuple[dict, int, int]:
 def cmd_evaluate(args) -> int:
     cfg = torch.load(args.fit, weights_only=False, map_location="cpu")["config"]
     spec, seed, samples = _evaluate_settings(args, cfg)
-    data = _load_data(spec)
-    model, guide, cfg = load_fit(args.fit, data.X_train, data.y_train)
     classification = cfg["model"].get("task") == "classification"
+    data = _load_data(spec, classification)
+    model, guide, cfg = load_fit(args.fit, data.X_train, data.y_train)
     scores = _evaluate(model, guide, data, samples, classification, seed)
     print(json.dumps(scores, indent=2))
     if args.plots:

@@ -225,15 +225,20 @@ def _make_split(
     standardize: bool,
     dtype: torch.dtype,
     device: torch.device | str | None,
+    labels: bool = False,
 ) -> Split:
-    """Standardise float64 arrays with training statistics and wrap them in a :class:`Split`."""
+    """Standardise float64 arrays with training statistics and wrap them in a :class:`Split`
+    (``labels``: ``y`` holds class labels, left as they are)."""
     D = X_tr.shape[1]
     if standardize:
         X_mean, X_std, y_mean, y_std = _train_stats(X_tr, y_tr)
         X_tr = (X_tr - X_mean) / X_std
         X_te = (X_te - X_mean) / X_std
-        y_tr = (y_tr - y_mean) / y_std
-        y_te = (y_te - y_mean) / y_std
+        if labels:
+            y_mean, y_std = 0.0, 1.0
+        else:
+            y_tr = (y_tr - y_mean) / y_std
+            y_te = (y_te - y_mean) / y_std
     else:
         X_mean, X_std, y_mean, y_std = np.zeros(D), np.ones(D), 0.0, 1.0
 
@@ -551,6 +556,7 @@ def load_csv(
     dtype: torch.dtype = torch.float64,
     device: torch.device | str | None = None,
     standardize: bool = True,
+    labels: bool = False,
 ) -> Split:
     """Load a CSV file with a header row and split it at random into train and test.
 
@@ -564,6 +570,8 @@ def load_csv(
         seed: seed of the random permutation (reported as ``Split.split``).
         dtype, device: of the returned tensors.
         standardize: standardise with the training part's statistics.
+        labels: the target holds binary class labels, 0/1 (kept as they are, never
+            standardised) or -1/1 (mapped to 0/1).
 
     Returns:
         A :class:`Split` with ``X_train (N, D)``, ``y_train (N,)``, ``X_test (T, D)``,
@@ -622,13 +630,20 @@ def load_csv(
         return out
 
     y = column(target)
+    if labels:
+        values = set(np.unique(y).tolist())
+        if not (values <= {0.0, 1.0} or values <= {-1.0, 1.0}):
+            raise ValueError(f"{path}: class labels in column {target!r} must be 0/1 or -1/1, "
+                             f"got the values {sorted(values)[:10]}")
+        y = (y > 0).astype(np.float64)
     X = np.stack([column(f) for f in features], axis=1)
     n = len(y)
     n_test = min(int(round(test_fraction * n)), n - 1)
     perm = np.random.default_rng(seed).permutation(n)
     test, train = perm[:n_test], perm[n_test:]
     return _make_split(
-        X[train], y[train], X[test], y[test], path.stem, seed, standardize, dtype, device
+        X[train], y[train], X[test], y[test], path.stem, seed, standardize, dtype, device,
+        labels=labels,
     )
 
 

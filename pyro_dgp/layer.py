@@ -444,6 +444,13 @@ class GPLayer(PyroModule):
         """
         if is_validation_enabled():  # a pass over x and a host sync: not in fit's hot loop
             check_inputs(x, self.input_dim, f"layer '{self.name}' input")
+        Z = self._stored_inducing_points()
+        if x.dtype != Z.dtype or x.device != Z.device:
+            raise ValueError(
+                f"layer '{self.name}' holds {Z.dtype} parameters on {Z.device} but its input is "
+                f"{x.dtype} on {x.device}: build the model from the same data, or move it with "
+                f"model.to(dtype=..., device=...)"
+            )
         name = self.name
         sample_hyperparameters(self)
         with self.given_inducing_inputs(inducing_inputs):

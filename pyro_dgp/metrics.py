@@ -10,38 +10,63 @@ from .prediction import MixturePredictive
 __all__ = ["nll", "rmse", "crps", "coverage", "accuracy", "auc", "regression_report"]
 
 
+def _targets(pred: MixturePredictive, y: torch.Tensor) -> torch.Tensor:
+    """``y`` checked against the predictive's ``(N,)`` points (a ``(N, 1)`` or short ``y``
+    would broadcast into a silently wrong score)."""
+    if not isinstance(y, torch.Tensor):
+        raise TypeError(f"y must be a torch.Tensor, got {type(y).__name__}")
+    shape = tuple(pred.mean.shape)
+    if tuple(y.shape) != shape:
+        hint = "; use y.squeeze(-1)" if tuple(y.shape) == shape + (1,) else ""
+        raise ValueError(f"y must have the predictive's shape {shape}, got {tuple(y.shape)}"
+                         + hint)
+    return y
+
+
+def _labels(pred: MixturePredictive, y: torch.Tensor) -> torch.Tensor:
+    """Boolean class-1 indicator of labels coded 0/1 or -1/1 (as the probit scores them)."""
+    y = _targets(pred, y)
+    values = set(torch.unique(y).tolist())
+    if not (values <= {0.0, 1.0} or values <= {-1.0, 1.0}):
+        raise ValueError(f"binary labels must be 0/1 or -1/1, got the values "
+                         f"{sorted(values)[:10]}")
+    return y > 0.5
+
+
 def nll(pred: MixturePredictive, y: torch.Tensor) -> float:
     """Mean negative mixture log-density (test log-likelihood is ``-nll``)."""
-    return float(-pred.log_prob(y).mean())
+    return float(-pred.log_prob(_targets(pred, y)).mean())
 
 
 def rmse(pred: MixturePredictive, y: torch.Tensor) -> float:
     """Root mean squared error of the predictive mean."""
-    return float(((pred.mean - y) ** 2).mean().sqrt())
+    return float(((pred.mean - _targets(pred, y)) ** 2).mean().sqrt())
 
 
 def crps(pred: MixturePredictive, y: torch.Tensor) -> float:
     """Mean closed-form CRPS."""
-    return float(pred.crps(y).mean())
+    return float(pred.crps(_targets(pred, y)).mean())
 
 
 def coverage(pred: MixturePredictive, y: torch.Tensor, level: float = 0.95) -> float:
     """Fraction of ``y`` inside the central ``level`` predictive interval."""
     if not 0 < level < 1:
         raise ValueError(f"level must lie in (0, 1), got {level}")
+    y = _targets(pred, y)
     lo, hi = pred.quantiles([(1 - level) / 2, (1 + level) / 2])
     return float(((y >= lo) & (y <= hi)).double().mean())
 
 
 def accuracy(pred: MixturePredictive, y: torch.Tensor) -> float:
-    """Binary accuracy of ``p(y = 1) > 0.5`` against labels in {0, 1}."""
-    return float(((pred.mean > 0.5).to(y.dtype) == y).double().mean())
+    """Binary accuracy of ``p(y = 1) > 0.5`` against labels coded 0/1 or -1/1."""
+    return float(((pred.mean > 0.5) == _labels(pred, y)).double().mean())
 
 
 def auc(pred: MixturePredictive, y: torch.Tensor) -> float:
-    """Area under the ROC curve of ``p(y = 1)`` (Mann-Whitney, ties counted half)."""
+    """Area under the ROC curve of ``p(y = 1)`` (Mann-Whitney, ties counted half); labels
+    coded 0/1 or -1/1."""
     score = pred.mean.detach().cpu().numpy()
-    labels = y.detach().cpu().numpy() > 0.5
+    labels = _labels(pred, y).cpu().numpy()
     n_pos, n_neg = int(labels.sum()), int((~labels).sum())
     if n_pos == 0 or n_neg == 0:
         raise ValueError("auc needs both classes among the labels")

@@ -27,12 +27,16 @@ def _crps_A(mu: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
     return 2 * s * phi + mu * (2 * ndtr(z) - 1)
 
 
-def gaussian_mixture_crps(y, means, variances, chunk: int = 256) -> torch.Tensor:
+def gaussian_mixture_crps(y, means, variances, chunk: int | None = None) -> torch.Tensor:
     """CRPS of the uniform mixture ``(1/S) sum_s N(means_s, variances_s)`` at ``y``.
 
     :param y: ``(N,)``; :param means, variances: ``(S, N)``. :returns: ``(N,)``.
+    :param chunk: points per block of the ``(S, S, chunk)`` pairwise term; default: as many
+        as keep a block to ``2**21`` entries (16 MiB in float64), whatever ``S``.
     """
     S = means.shape[0]
+    if chunk is None:
+        chunk = max(1, 2**21 // S**2)
     first = _crps_A(y - means, variances).mean(0)
     second = []
     for lo in range(0, means.shape[1], chunk):

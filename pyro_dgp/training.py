@@ -192,6 +192,9 @@ def fit(
             )
     if hasattr(model, "num_data"):
         model.num_data = N
+    if y.dtype != X.dtype or y.device != X.device:
+        raise ValueError(f"y is {y.dtype} on {y.device} but X is {X.dtype} on {X.device}: give "
+                         "both in the model's dtype and device")
     params = list(model.parameters())
     if params and (params[0].dtype != X.dtype or params[0].device != X.device):
         raise ValueError(

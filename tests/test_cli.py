@@ -230,3 +230,26 @@ def test_evaluate_still_reads_a_fit_saved_without_the_data_settings(tmp_path, ca
     evaluated = json.loads(capsys.readouterr().out)
     for k in _METRICS:
         assert evaluated[k] == fitted[k], k
+
+
+def test_classification_csv_keeps_its_labels(tmp_path, capsys):
+    """A CSV classification target (here -1/1) is kept as labels, not standardised: fit
+    learns two separable blobs and evaluate reproduces its accuracy."""
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(80, 2, generator=g, dtype=torch.float64)
+    label = torch.where(X[:, 0] + X[:, 1] > 0, 1, -1)
+    X = X + 1.5 * label.unsqueeze(-1)
+    rows = [f"{a:.6f},{b:.6f},{t}" for (a, b), t in zip(X.tolist(), label.tolist(), strict=True)]
+    csv = tmp_path / "c.csv"
+    csv.write_text("a,b,label\n" + "\n".join(rows) + "\n")
+    fit_args = ["--data", str(csv), "--target", "label", "--classification", "--layers", "1",
+                "--inducing", "6", "--steps", "200", "--lr", "0.05", "--samples", "10",
+                "--test-fraction", "0.25"]
+    fitted, evaluated = _fit_then_evaluate(fit_args, [], tmp_path / "o", capsys)
+    assert fitted["accuracy"] >= 0.9
+    assert evaluated == {k: fitted[k] for k in evaluated}
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b,label\n" + "\n".join(f"{i},{i},{i % 3}" for i in range(20)) + "\n")
+    assert main(["fit", "--data", str(bad), "--target", "label", "--classification",
+                 "--steps", "2", "--output", str(tmp_path / "b"), "--quiet"]) == 2
+    assert "0/1 or -1/1" in capsys.readouterr().err

@@ -282,6 +282,23 @@ def test_accuracy_by_hand():
     assert metrics.nll(pred, y) == pytest.approx(ref, rel=1e-12)
 
 
+def test_metrics_refuse_misshaped_targets_and_read_both_label_codings():
+    pred = _point_predictive([0.0, 1.0, 2.0], [1.0, 2.0, 0.5])
+    y = torch.tensor([1.0, 1.0, 0.0], dtype=DT)
+    for metric in (metrics.nll, metrics.rmse, metrics.crps, metrics.coverage):
+        with pytest.raises(ValueError, match=r"y.squeeze\(-1\)"):  # (N, 1) broadcasts to N x N
+            metric(pred, y.unsqueeze(-1))
+        with pytest.raises(ValueError, match=r"shape \(3,\)"):
+            metric(pred, y[:1])
+    probit = _probit_predictive([0.9, 0.2, 0.6, 0.4, 0.51])
+    zero_one = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0], dtype=DT)
+    for metric in (metrics.accuracy, metrics.auc, metrics.nll):
+        assert metric(probit, 2 * zero_one - 1) == metric(probit, zero_one)
+    assert metrics.accuracy(probit, 2 * zero_one - 1) == pytest.approx(4 / 5, abs=1e-15)
+    with pytest.raises(ValueError, match="0/1 or -1/1"):
+        metrics.accuracy(probit, torch.tensor([2.0, 0.0, 0.0, 0.0, 1.0], dtype=DT))
+
+
 def _auc_pairs(score, labels):
     pos = [s for s, lab in zip(score, labels, strict=True) if lab]
     neg = [s for s, lab in zip(score, labels, strict=True) if not lab]

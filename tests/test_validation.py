@@ -84,6 +84,25 @@ def test_fit_rejects_data_of_another_dtype(data):
     model = dgp.DeepGP.regression(X, y, num_inducing=5)
     with pytest.raises(ValueError, match="torch.float32 .* but the model is torch.float64"):
         dgp.fit(model, dgp.guides.MeanField(model), X.float(), y.float(), progress=False)
+    with pytest.raises(ValueError, match="y is torch.float32 .* but X is torch.float64"):
+        dgp.fit(model, dgp.guides.MeanField(model), X, y.float(), progress=False)
+
+
+def test_every_entry_point_rejects_inputs_of_another_dtype_naming_the_layer(data):
+    """predict, to_datatree and a hand-written model built in the default float32 all meet
+    float64 data (or the reverse) with an error naming the layer, not a matmul error."""
+    X, y = data
+    model = dgp.DeepGP.regression(X, y, num_inducing=5)
+    guide = dgp.guides.MeanField(model)
+    guide(X, y)
+    match = "layer 'layer1' holds torch.float64 parameters on cpu but its input is torch.float32"
+    with pytest.raises(ValueError, match=match):
+        dgp.predict(model, guide, X.float(), num_samples=2)
+    with pytest.raises(ValueError, match=match):
+        dgp.to_datatree(model, guide, X.float(), y.float(), num_samples=2)
+    layer = dgp.GPLayer(1, 1, inducing_points=torch.zeros(3, 1), name="warp")  # float32
+    with pytest.raises(ValueError, match="layer 'warp' holds torch.float32"):
+        dgp.DeepGP([layer], dgp.likelihoods.Gaussian())(X, y)
 
 
 def test_model_and_predict_reject_bad_inputs(data):
