@@ -156,6 +156,9 @@ def _data_spec(data, target, split, test_fraction, data_dir, device, dtype, seed
             raise ValueError("--target is required with a CSV file (the target column's name)")
         if data_dir is not None:
             raise ValueError("--data-dir is only for UCI sets; give the CSV file's path in --data")
+        if test_fraction is not None and not 0 < test_fraction < 1:
+            raise ValueError(f"--test-fraction must lie in (0, 1) (the fit is scored on the "
+                             f"held-out rows), got {test_fraction}")
         return {"data": str(Path(data).expanduser().resolve()), "target": target,
                 "split": int(seed if split is None else split),
                 "test_fraction": float(_DEFAULT_TEST_FRACTION if test_fraction is None

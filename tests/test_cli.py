@@ -253,3 +253,7 @@ def test_classification_csv_keeps_its_labels(tmp_path, capsys):
     assert main(["fit", "--data", str(bad), "--target", "label", "--classification",
                  "--steps", "2", "--output", str(tmp_path / "b"), "--quiet"]) == 2
     assert "0/1 or -1/1" in capsys.readouterr().err
+    for fraction in ("0", "1"):  # nothing held out to score, or nothing to train on
+        assert main(["fit", "--data", str(csv), "--target", "label", "--test-fraction",
+                     fraction, "--steps", "2", "--output", str(tmp_path / "b"), "--quiet"]) == 2
+        assert "--test-fraction must lie in (0, 1)" in capsys.readouterr().err

@@ -229,7 +229,8 @@ def _row_key(row: dict) -> tuple:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="compositional", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="pyro-dgp bench compositional",
+                                description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=10)
     p.add_argument("--first-trial", type=int, default=0,
                    help="seed of the first trial: trials run with seeds first .. first + n - 1")

@@ -504,7 +504,7 @@ def _run_worker(spec: dict) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="benchmarks/speed.py",
+        prog="pyro-dgp bench speed",
         description="Time one SVI step of a DSVI deep GP: pyro_dgp vs GPyTorch vs plain PyTorch "
         "(same model, same step); see pyro_dgp/bench/speed.py for what is measured.",
     )

@@ -141,7 +141,7 @@ def model_label(layers: int, inducing: int) -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The harness's argument parser."""
     p = argparse.ArgumentParser(
-        prog="uci",
+        prog="pyro-dgp bench uci",
         description="UCI regression benchmark of deep GPs (REFERENCE.md §6 protocol by "
         "default). Resumable: finished runs in --out are skipped, killed runs resume from "
         "their checkpoint.",
