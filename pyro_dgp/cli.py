@@ -331,7 +331,10 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--inducing", type=_positive_int, default=100)
     f.add_argument("--guide", choices=sorted(GUIDES), default="meanfield")
     f.add_argument("--objective", choices=["auto", "elbo", "meanfield", "renyi"],
-                   default="auto")
+                   default="auto",
+                   help="auto: the analytic-KL ELBO where the guide factorises like the "
+                        "model, else Trace_ELBO; renyi: RenyiELBO(alpha=0.5), with a guide "
+                        "that samples u (meanfield-sampled or an auto* guide)")
     f.add_argument("--particles", type=_positive_int, default=1)
     f.add_argument("--steps", type=_positive_int, default=20000)
     f.add_argument("--batch-size", type=_positive_int, default=10000)
