@@ -28,7 +28,8 @@ class TrainingDivergedError(FloatingPointError):
 
 @dataclass
 class FitResult:
-    """``losses[k]`` is the negative ELBO estimate (objective) at step k (full-data scale)."""
+    """``losses[k]`` is the negative ELBO estimate (objective) at step k (full-data scale);
+    ``seconds`` the wall time of the run's steps, those of the calls it resumed included."""
 
     losses: list[float] = field(default_factory=list)
     num_steps: int = 0
@@ -214,7 +215,7 @@ def fit(
     opt = make_optimizer(optimizer, params, lr)
 
     result = FitResult(num_steps=num_steps)
-    start = 0
+    start, seconds_before = 0, 0.0
     path = Path(checkpoint) if checkpoint is not None else None
     if resume:
         if path is None:
@@ -235,6 +236,7 @@ def fit(
             _set_rng_state(state["rng"], generator)
             result.losses = list(state["losses"])
             start = result.resumed_from = int(state["step"])
+            seconds_before = float(state.get("seconds", 0.0))
 
     def save(step: int, rng: dict | None = None) -> None:
         """Checkpoint at the start of ``step``; ``rng``: the random state there, if the
@@ -248,6 +250,7 @@ def fit(
                 "rng": rng if rng is not None else _rng_state(generator),
                 "losses": result.losses,
                 "lr": lr,
+                "seconds": seconds_before + time.perf_counter() - t0,
             })
 
     differentiable = hasattr(elbo, "differentiable_loss")
@@ -313,5 +316,5 @@ def fit(
     finally:
         bar.close()
     save(step)
-    result.seconds = time.perf_counter() - t0
+    result.seconds = seconds_before + time.perf_counter() - t0
     return result

@@ -208,15 +208,22 @@ def test_changing_a_test_row_does_not_change_stats(uci_root, tmp_path):
     assert not torch.equal(before.X_test, after.X_test)  # the edit did land in the test part
 
 
-def test_constant_column_gets_unit_std(uci_root, tmp_path):
+@pytest.mark.parametrize("value", [3.0, 0.998])
+def test_constant_column_gets_unit_std(uci_root, tmp_path, value):
+    """A column constant on the training rows has unit std, also where its computed mean is
+    not exactly the value (0.998: a 'deviation' of ~1e-13 made a test value of 1.0 into
+    ~1e10); a test row that differs stays on the original scale."""
     root = _copy_set(uci_root, "yacht", tmp_path / "copy")
     path = root / "uci" / "yacht" / "data.txt"
     data = np.loadtxt(path)
-    data[:, 0] = 3.0
+    data[:, 0] = value
+    test_row = int(np.loadtxt(root / "uci" / "yacht" / "index_test_0.txt", dtype=int)[0])
+    data[test_row, 0] = value + 0.002
     np.savetxt(path, data)
     s = datasets.load("yacht", data_dir=root)
-    assert s.X_std[0].item() == 1.0 and s.X_mean[0].item() == 3.0
-    assert torch.all(s.X_train[:, 0] == 0)
+    assert s.X_std[0].item() == 1.0 and s.X_mean[0].item() == pytest.approx(value, abs=1e-13)
+    assert torch.all(s.X_train[:, 0].abs() < 1e-13)
+    assert s.X_test[0, 0].item() == pytest.approx(0.002, abs=1e-12)
 
 
 def test_dtype_device_and_to(uci_root):

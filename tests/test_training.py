@@ -336,3 +336,25 @@ def test_bayesian_noise_of_the_library_likelihood_is_the_guides_draw(step):
         draws = torch.stack([fn.sample() for _ in range(200)])  # (200, 30)
         z = (draws - fn.loc) / (fn.var + noise).sqrt()
         assert float(z.std()) == pytest.approx(1.0, abs=4 / (2 * z.numel()) ** 0.5)
+
+
+def test_seconds_count_the_steps_of_every_call_of_a_resumed_run(step, tmp_path):
+    """A run cut short and resumed reports the time of all its steps (a per-step time from
+    the last call alone would divide few steps' time by all of them)."""
+    X, y = step.X_train, step.y_train
+    ckpt = tmp_path / "t.pt"
+    model, guide = _small(step)
+    with pytest.raises(KeyboardInterrupt):
+        dgp.fit(model, guide, X, y, num_steps=10, seed=2, progress=False, checkpoint=ckpt,
+                objective=_FailingELBO(at=6, exc=KeyboardInterrupt()))
+    first = torch.load(ckpt, weights_only=False)["seconds"]
+    assert first > 0
+    model, guide = _small(step)
+    r = dgp.fit(model, guide, X, y, num_steps=10, seed=2, progress=False, checkpoint=ckpt,
+                resume=True)
+    assert r.seconds > first
+    assert torch.load(ckpt, weights_only=False)["seconds"] == pytest.approx(r.seconds, rel=0.01)
+    # resumed at its end: no step runs, the time is the checkpoint's
+    again = dgp.fit(model, guide, X, y, num_steps=10, seed=2, progress=False, checkpoint=ckpt,
+                    resume=True)
+    assert again.resumed_from == 10 and again.seconds >= r.seconds

@@ -126,3 +126,14 @@ def test_uci_harness_records_a_failed_run_and_retries_it(tmp_path, monkeypatch):
     assert uci.main(argv + ["--summary"]) == 0  # the failed run is tried again
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["status"] for r in recs] == ["failed", "ok"]
+
+
+def test_a_record_after_a_line_cut_short_is_kept(tmp_path):
+    """A kill mid-write leaves an unfinished line: the next record starts on its own line,
+    so only the cut run is lost (and rerun)."""
+    out = tmp_path / "r.jsonl"
+    uci._append_record(out, {"split": 0})
+    with out.open("a") as fh:
+        fh.write('{"split": 1, "metr')  # killed here
+    uci._append_record(out, {"split": 2})
+    assert [r["split"] for r in uci._read_records(out)] == [0, 2]

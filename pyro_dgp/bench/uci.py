@@ -256,8 +256,14 @@ def _read_records(path: Path) -> list[dict]:
 
 def _append_record(path: Path, rec: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        fh.write(json.dumps(rec) + "\n")
+    with path.open("a+b") as fh:
+        # a line cut short by a kill is ended first, so that it does not swallow this one
+        fh.seek(0, os.SEEK_END)
+        if fh.tell() > 0:
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) != b"\n":
+                fh.write(b"\n")
+        fh.write((json.dumps(rec) + "\n").encode())
         fh.flush()
         os.fsync(fh.fileno())
 
@@ -292,10 +298,9 @@ def _run_one(args, short: str, split: int, layers: int, ckpt_dir: Path) -> tuple
         status, error = "diverged", str(err)
         state = torch.load(ckpt, weights_only=False)
         losses, resumed_from = list(state["losses"]), None
-        fit_seconds = time.perf_counter() - t0
+        fit_seconds = float(state.get("seconds", time.perf_counter() - t0))
         tail = losses[-max(1, len(losses) // 10):] or [math.nan]
         final_elbo = -sum(tail) / len(tail)
-    steps_this_call = len(losses) - (resumed_from or 0)
     t1 = time.perf_counter()
     pred = predict(model, guide, data.X_test, num_samples=args.samples, seed=seed)
     pred = pred.rescale(data.y_mean, data.y_std)
@@ -324,7 +329,7 @@ def _run_one(args, short: str, split: int, layers: int, ckpt_dir: Path) -> tuple
         "steps_done": len(losses),
         "resumed_from": resumed_from,
         "seconds_fit": fit_seconds,
-        "seconds_per_step": fit_seconds / max(1, steps_this_call),
+        "seconds_per_step": fit_seconds / max(1, len(losses)),  # all calls of the run
         "seconds_predict": predict_seconds,
         "seconds": fit_seconds + predict_seconds,
         "versions": {"torch": torch.__version__, "pyro": pyro.__version__,
