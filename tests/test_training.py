@@ -353,7 +353,7 @@ def test_seconds_count_the_steps_of_every_call_of_a_resumed_run(step, tmp_path):
     r = dgp.fit(model, guide, X, y, num_steps=10, seed=2, progress=False, checkpoint=ckpt,
                 resume=True)
     assert r.seconds > first
-    assert torch.load(ckpt, weights_only=False)["seconds"] == pytest.approx(r.seconds, rel=0.01)
+    assert first < torch.load(ckpt, weights_only=False)["seconds"] <= r.seconds  # before save
     # resumed at its end: no step runs, the time is the checkpoint's
     again = dgp.fit(model, guide, X, y, num_steps=10, seed=2, progress=False, checkpoint=ckpt,
                     resume=True)
