@@ -211,10 +211,11 @@ class JointGaussian(LayerGuide):
         bad = [s.name for s in self.layer_sites if s.layer.function_values]
         if bad:
             raise ValueError(
-                f"{type(self).__name__}: layers {bad} hold function values at random inducing "
-                "inputs (inducing='locations'), whose prior depends on the layer below; this "
-                "guide's closed-form KL assumes fixed inducing inputs. Use MeanField (the "
-                "guide of seed 003 §4.2) for that model."
+                f"{type(self).__name__}: layers {bad} hold function values that are the next "
+                "layer's inducing inputs (inducing='locations'), so the prior of the layer "
+                "above depends on them; this guide's closed-form KL assumes a prior of fixed "
+                "layer-wise Gaussians. Use MeanField (the guide of seed 003 §4.2) or a "
+                "completed autoguide for that model."
             )
 
     def _preconditioner(self, like: torch.Tensor, site: LayerSite | None = None):
