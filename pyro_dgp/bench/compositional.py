@@ -118,21 +118,26 @@ def layer_variances_at_zero(model, guide, S: int = 1000) -> tuple[float, float]:
 
 
 def _paths(model, guide, grid, S):
-    """Per-draw conditional means of each layer on its own grid and of the composition."""
+    """Per-draw conditional means of each layer on its own grid and of the composition, all
+    from the guide's draws of the inducing outputs ``u1, u2`` (not from the trace's ``f``,
+    whose attached marginal integrates ``u`` out where the guide collapses a layer: every
+    mean-field path would be the same curve).
+
+    :returns: ``f1 (S, N)`` = E[f1(grid) | u1], ``(h (N,), f2 (S, N))`` = E[f2(h) | u1, u2] on a
+        grid of layer 2's input, and ``comp (S, N)`` = E[f2(E[f1(grid) | u1]) | u1, u2].
+    """
     trace = _draws(guide, grid, S)
-    f1 = trace.nodes["layer1.f"]["value"]
-    marg = [getattr(trace.nodes[f"layer{i}.f"]["value"], "_pyro_dgp_marginal", None)
-            for i in (1, 2)]
-    comp = marg[1][0] if marg[1] is not None else trace.nodes["layer2.f"]["value"]
-    first = marg[0][0] if marg[0] is not None else f1
-    # layer 2 against its own input: evaluate on a grid of h given each draw of u2
-    h = torch.linspace(float(first.min()) - 0.2, float(first.max()) + 0.2, grid.shape[0],
-                       dtype=DT).unsqueeze(-1)
-    layer2 = model.layers[1]
+    layer1, layer2 = model.layers
+    u1 = trace.nodes["layer1.u"]["value"].squeeze(-3)  # (S, D, M)
     u2 = trace.nodes["layer2.u"]["value"].squeeze(-3)
-    Z = trace.nodes["layer1.u"]["value"].squeeze(-3).mT if model.inducing == "locations" else None
-    with torch.no_grad(), layer2.given_inducing_inputs(Z):
-        second, _ = layer2.conditional(h.expand(S, *h.shape), u2)
+    Z = u1.mT if model.inducing == "locations" else None  # layer 2's inducing inputs
+    with torch.no_grad():
+        first, _ = layer1.conditional(grid.expand(S, *grid.shape), u1)  # (S, N, 1)
+        h = torch.linspace(float(first.min()) - 0.2, float(first.max()) + 0.2, grid.shape[0],
+                           dtype=DT).unsqueeze(-1)
+        with layer2.given_inducing_inputs(Z):
+            second, _ = layer2.conditional(h.expand(S, *h.shape), u2)
+            comp, _ = layer2.conditional(first, u2)
     return first.squeeze(-1), (h.squeeze(-1), second.squeeze(-1)), comp.squeeze(-1)
 
 
