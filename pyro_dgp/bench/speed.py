@@ -240,6 +240,24 @@ class GPyTorch(_AdamStep):
         with gp.settings.num_likelihood_samples(1), gp.settings.debug(False):
             return -self.mll(self.model(X), y)
 
+    @torch.no_grad()
+    def copy_from(self, ours: Ours) -> None:
+        """Set every parameter GPyTorch's model shares with ``ours`` (inducing inputs, kernel
+        hyperparameters, ``q(u)``, noise) to ours' current values: the two then compute the
+        same model but for ours' between-layer white noise, which GPyTorch's has not."""
+        for site, layer in zip(ours.guide.layer_sites, self.model.layers, strict=True):
+            kern = site.layer.kernel
+            rbf = kern.kernels[0] if hasattr(kern, "kernels") else kern
+            strategy = layer.variational_strategy
+            strategy.inducing_points.copy_(site.layer.inducing_points)
+            layer.covar_module.base_kernel.lengthscale = rbf.lengthscale.reshape(1, -1)
+            layer.covar_module.outputscale = rbf.variance
+            loc, tril = ours.guide.q_params(site)
+            q = strategy._variational_distribution
+            q.variational_mean.copy_(loc.reshape(q.variational_mean.shape))
+            q.chol_variational_covar.copy_(tril.reshape(q.chol_variational_covar.shape))
+        self.likelihood.noise = ours.model.likelihood.variance
+
 
 
 # --------------------------------------------------------------------------------- plain
