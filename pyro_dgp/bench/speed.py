@@ -18,7 +18,10 @@ The three implementations run the SAME model and the same step:
              (the first step validated, later steps under ``pyro.validation_enabled(False)``).
 ``gpytorch`` ``gpytorch.models.deep_gps.DeepGP`` of ``DeepGPLayer``\\ s with
              ``CholeskyVariationalDistribution`` + whitened ``VariationalStrategy`` (inducing
-             inputs and kernel shared by a layer's outputs, as ours), ``GaussianLikelihood``,
+             inputs and kernel hyperparameters shared by a layer's outputs, as ours; GPyTorch
+             still computes ``K_ZZ``, ``K_ZX`` and the Cholesky factor once per output, its
+             idiomatic ``DeepGPLayer``, where ours and plain compute them once per layer: a
+             part of the ratio at H > 1), ``GaussianLikelihood``,
              ``DeepApproximateMLL(VariationalELBO)``, ``num_likelihood_samples(1)``,
              ``gpytorch.settings.debug(False)``. Differences that do not change the cost: no
              between-layer white noise (GPyTorch has no white kernel; ours adds 1e-5 to the
@@ -187,9 +190,7 @@ class GPyTorch(_AdamStep):
                 self.mean_module = (FixedLinearMean(W) if W is not None
                                     else gpytorch.means.ZeroMean())
                 rbf = gpytorch.kernels.RBFKernel(ard_num_dims=d_in)
-                rbf.lengthscale = 2.0
-                self.covar_module = gpytorch.kernels.ScaleKernel(rbf)
-                self.covar_module.outputscale = 2.0
+                self.covar_module = gpytorch.kernels.ScaleKernel(rbf)  # values: copy_from
                 self.inner_variance = inner_variance
 
             def forward(self, x):
@@ -217,17 +218,11 @@ class GPyTorch(_AdamStep):
                                 1e-5 if not last else None))
         self.model = Model(layers).to(device=X.device, dtype=X.dtype)
         self.likelihood = gpytorch.likelihoods.GaussianLikelihood().to(X.device, X.dtype)
-        self.likelihood.noise = 0.01
-        # q as ours initialises it: m = 0, S = 1e-5 I inner, I (the prior) last
-        with torch.no_grad():
-            for i, layer in enumerate(self.model.layers):
-                vd = layer.variational_strategy._variational_distribution
-                vd.variational_mean.zero_()
-                M = vd.chol_variational_covar.shape[-1]
-                scale = 1.0 if i == n - 1 else math.sqrt(1e-5)
-                vd.chol_variational_covar.copy_(
-                    scale * torch.eye(M, dtype=X.dtype, device=X.device))
-                layer.variational_strategy.variational_params_initialized.fill_(1)
+        # hyperparameters, noise and q(u) as ours starts them (m = 0, S = 1e-5 I inner, I the
+        # last); GPyTorch must not initialise q itself on its first call
+        self.copy_from(init)
+        for layer in self.model.layers:
+            layer.variational_strategy.variational_params_initialized.fill_(1)
         self.mll = DeepApproximateMLL(VariationalELBO(self.likelihood, self.model,
                                                       num_data=cfg.num_data))
         self.model.train()
