@@ -137,3 +137,19 @@ def test_a_record_after_a_line_cut_short_is_kept(tmp_path):
         fh.write('{"split": 1, "metr')  # killed here
     uci._append_record(out, {"split": 2})
     assert [r["split"] for r in uci._read_records(out)] == [0, 2]
+
+
+def test_summary_counts_each_split_once():
+    """A split recorded twice (a failed run then its rerun, or two processes on one file)
+    counts once, with its last record."""
+    def rec(split, loglik, status="ok"):
+        return {"dataset": "boston", "layers": 2, "model": "DGP 2", "guide": "meanfield",
+                "objective": "auto", "split": split, "status": status,
+                "settings": {"steps": 5, "batch_size_used": 455, "inducing_used": 100,
+                             "samples": 100},
+                "metrics": {"test_loglik": loglik, "rmse": 3.0, "crps": 1.5, "coverage95": 0.9},
+                "seconds_per_step": 0.1, "data": {"num_splits": 20}}
+
+    table = uci.summarize([rec(0, 0.0, "failed"), rec(0, -2.0), rec(1, -3.0), rec(1, -3.0)])
+    row = table.splitlines()[-1]
+    assert "| 2/20 |" in row and "-2.50(0.50)" in row and "diverged" not in row

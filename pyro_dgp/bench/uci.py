@@ -371,6 +371,9 @@ def summarize(records: list[dict]) -> str:
         key = (rec["dataset"], rec["layers"], rec["model"], rec["guide"], rec["objective"],
                s["steps"], s.get("batch_size_used"), s.get("inducing_used"), s["samples"])
         groups.setdefault(key, []).append(rec)
+    for key, recs in groups.items():  # one record per split: the last (a rerun of it, or a
+        by_split = {r["split"]: r for r in recs}  # second process on the same file)
+        groups[key] = list(by_split.values())
     order = list(SHORT_NAMES.values())
     lines = [
         "| dataset | model | guide | splits | iters | batch | M | S | test log-lik | "
