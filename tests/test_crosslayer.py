@@ -418,3 +418,15 @@ def test_three_layer_loss_gradient_matches_finite_differences(Guide):
                 p.add_(h * d)
         directional = sum(float((gr * d).sum()) for gr, d in zip(grads, dirs, strict=True))
         assert (up - down) / (2 * h) == pytest.approx(directional, rel=1e-5, abs=1e-6)
+
+
+def test_low_rank_coupled_names_itself_on_non_finite_parameters():
+    from pyro_dgp.linalg import CholeskyError
+
+    model, X, y = _model()
+    guide = Coupled(model, rank=3)
+    guide(X, y)
+    with torch.no_grad():
+        guide.cov_factor.unconstrained()[0, 0] = math.nan
+    with pytest.raises(CholeskyError, match="Coupled \\(low rank\\)"):
+        guide(X, y)

@@ -44,6 +44,7 @@ from pyro.nn import PyroModule, PyroParam
 
 from ..conditional import _solve
 from ..layer import _drop_data_dim
+from ..linalg import CholeskyError
 from .base import LayerGuide, LayerSite, initial_scale_tril
 from .meanfield import deep_getattr
 
@@ -95,7 +96,12 @@ def _logdet(R, d):
         raise ValueError("log det S needs d or an explicit value for a non-square factor")
     # matrix determinant lemma: det(D + R R^T) = det(D) det(I + R^T D^-1 R)
     inner = torch.eye(R.shape[-1], dtype=R.dtype, device=R.device) + R.mT @ (R / d.unsqueeze(-1))
-    return d.log().sum() + torch.linalg.cholesky(inner).diagonal().log().sum() * 2
+    # I + R^T D^-1 R >= I: it fails only on NaN/inf parameters
+    L, info = torch.linalg.cholesky_ex(inner)
+    if bool(info.any()):
+        raise CholeskyError("Coupled (low rank): the covariance factor or diagonal holds "
+                            "NaN or inf values")
+    return d.log().sum() + L.diagonal().log().sum() * 2
 
 
 def block_preconditioner(sizes: list[int], like: torch.Tensor) -> torch.Tensor:
