@@ -305,7 +305,9 @@ def to_datatree(
             loc, fvar = marginal
             data["layers"][f"{lname}.f_mean"] = _np(loc.expand((S,) + shape))[None]
             data["layers"][f"{lname}.f_var"] = _np(fvar.expand((S,) + shape))[None]
-        with torch.no_grad():
+        # outside the model's call a PyroSample kernel hyperparameter is a fresh sample
+        # statement: replaying the guide's trace gives each draw its own value
+        with torch.no_grad(), poutine.replay(trace=ltrace):
             kxx = layer.kernel(site["infer"]["dgp_input"], diag=True)
         data["layers"][f"{lname}.prior_var"] = _np(kxx.expand(S, shape[0]))[None]
         for suffix in ("f", "f_mean", "f_var"):

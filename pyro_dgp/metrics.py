@@ -11,16 +11,11 @@ __all__ = ["nll", "rmse", "crps", "coverage", "accuracy", "auc", "regression_rep
 
 
 def _targets(pred: MixturePredictive, y: torch.Tensor) -> torch.Tensor:
-    """``y`` checked against the predictive's ``(N,)`` points (a ``(N, 1)`` or short ``y``
-    would broadcast into a silently wrong score)."""
+    """``y`` checked against the predictive's ``(N,)`` points (see
+    :meth:`MixturePredictive._targets`)."""
     if not isinstance(y, torch.Tensor):
         raise TypeError(f"y must be a torch.Tensor, got {type(y).__name__}")
-    shape = tuple(pred.mean.shape)
-    if tuple(y.shape) != shape:
-        hint = "; use y.squeeze(-1)" if tuple(y.shape) == shape + (1,) else ""
-        raise ValueError(f"y must have the predictive's shape {shape}, got {tuple(y.shape)}"
-                         + hint)
-    return y
+    return pred._targets(y)
 
 
 def _labels(pred: MixturePredictive, y: torch.Tensor) -> torch.Tensor:

@@ -95,10 +95,20 @@ class MixturePredictive:
         m, v = self._component_moments()
         return v.mean(0) + m.var(0, unbiased=False)
 
+    def _targets(self, y) -> torch.Tensor:
+        """``y`` as a tensor of the predictive's ``(N,)`` shape (a ``(N, 1)`` ``y`` would
+        broadcast against the ``(S, N)`` components into wrong numbers)."""
+        y = torch.as_tensor(y, dtype=self.loc.dtype, device=self.loc.device)
+        if y.shape != self.loc.shape[-1:]:
+            hint = "; use y.squeeze(-1)" if y.shape == self.loc.shape[-1:] + (1,) else ""
+            raise ValueError(f"y must have the predictive's shape {tuple(self.loc.shape[-1:])}, "
+                             f"got {tuple(y.shape)}{hint}")
+        return y
+
     def log_prob(self, y: torch.Tensor) -> torch.Tensor:
         """``(N,)`` mixture log-density ``logsumexp_s log p_s(y) - log S`` (not the mean of
         per-sample log-densities)."""
-        y = torch.as_tensor(y, dtype=self.loc.dtype, device=self.loc.device)
+        y = self._targets(y)
         z = (y - self.y_mean) / self.y_std
         with torch.no_grad(), self._fixed():
             lp = self.likelihood.predictive_log_prob(z, self.loc, self.var)
@@ -114,7 +124,7 @@ class MixturePredictive:
         """``(N,)`` closed-form CRPS of the Gaussian mixture."""
         self._require_gaussian("crps")
         m, v = self._component_moments()
-        return gaussian_mixture_crps(torch.as_tensor(y, dtype=m.dtype, device=m.device), m, v)
+        return gaussian_mixture_crps(self._targets(y), m, v)
 
     def cdf(self, y: torch.Tensor) -> torch.Tensor:
         """``(..., N)`` mixture CDF at ``y`` (broadcast against ``(N,)``)."""
@@ -188,9 +198,11 @@ def predict(
             with pyro.plate("_predictive_samples", S, dim=-2):
                 if one_pass:  # the model's view too: its likelihood's values per draw
                     trace, model_trace = guide.traces(chunk)
-                    hypers.append(_likelihood_values(model_trace, S, n))
-                else:
+                else:  # any other guide: the model replayed on its draws
                     trace = poutine.trace(guide).get_trace(chunk)
+                    model_trace = poutine.trace(poutine.replay(model, trace=trace)).get_trace(
+                        chunk)
+                hypers.append(_likelihood_values(model_trace, S, n))
             loc, var = _last_marginal(trace, last)
             locs.append(loc.squeeze(-1).expand(S, n))
             vars_.append(var.squeeze(-1).expand(S, n))

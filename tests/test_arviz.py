@@ -376,3 +376,22 @@ def test_pareto_k_needs_a_density():
     delta = dgp.complete(AutoDelta(dgp.inducing_only(model)), model)
     with pytest.raises(ValueError, match="point mass"):
         variational_pareto_k(model, delta, X, y, num_samples=10)
+
+
+def test_prior_variance_uses_each_draws_kernel_hyperparameters():
+    """A Bayesian kernel variance (PyroSample): the DataTree's prior_var of the layer is each
+    draw's own k(x, x) = variance (an RBF), not a fresh prior draw."""
+    X = torch.linspace(-1, 1, 12, dtype=DT).unsqueeze(-1)
+    y = torch.sin(3 * X.squeeze(-1))
+    pyro.set_rng_seed(0)
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=4)
+    model.layers[1].kernel.variance = PyroSample(dist.LogNormal(torch.tensor(0.0, dtype=DT),
+                                                                1.0))
+    guide = dgp.complete(AutoNormal(dgp.inducing_only(model), init_scale=0.5), model)
+    guide(X, y)
+    tree = dgp.to_datatree(model, guide, X, y, num_samples=7, seed=3, kl=False)
+    prior_var = tree["layers"]["layer2.prior_var"].values[0]  # (S, N)
+    variance = tree["posterior"]["DeepGP.layers.1.kernel.variance"].values[0].reshape(7)
+    np.testing.assert_allclose(prior_var, np.broadcast_to(variance[:, None], prior_var.shape),
+                               rtol=1e-12)
+    assert np.ptp(variance) > 0.1

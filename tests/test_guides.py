@@ -268,3 +268,15 @@ def test_every_guide_trains_on_the_locations_model_or_refuses_it(name, num_layer
     assert all(math.isfinite(v) for v in r.losses)
     pred = dgp.predict(model, guide, X[:7], num_samples=3)
     assert torch.isfinite(pred.log_prob(y[:7])).all()
+
+
+def test_conditioning_a_layer_site_is_refused_by_name():
+    """A guide draws every layer's u and f itself: a conditioned `.u` site would be silently
+    replaced by the guide's draw (and scored as if observed)."""
+    X = torch.linspace(-1, 1, 10, dtype=DT).unsqueeze(-1)
+    y = torch.sin(3 * X.squeeze(-1))
+    model = dgp.DeepGP.regression(X, y, num_layers=1, num_inducing=4)
+    conditioned = poutine.condition(model, {"layer1.u": torch.zeros(1, 4, dtype=DT)})
+    guide = dgp.guides.MeanField(conditioned)
+    with pytest.raises(ValueError, match="layer site 'layer1.u' is observed"):
+        guide(X, y)

@@ -370,3 +370,43 @@ def test_bayesian_noise_reaches_the_predictive_and_the_pointwise_log_likelihood(
     f_var = torch.as_tensor(dt["layers"]["layer1.f_var"].values[0, :, :, 0])
     ref_ll = torch.distributions.Normal(f_mean, (f_var + draws[:, None]).sqrt()).log_prob(y)
     np.testing.assert_allclose(dt["log_likelihood"]["y"].values[0], ref_ll.numpy(), rtol=1e-10)
+
+
+def test_mixture_refuses_a_column_target():
+    """With S = 1 (a one-layer collapsed guide) a (N, 1) target broadcast to N x N
+    gave another, wrong, (N,) log-density."""
+    pred = MixturePredictive(torch.zeros(1, 5, dtype=DT), torch.ones(1, 5, dtype=DT),
+                             Gaussian(variance=0.1).to(DT))
+    y = torch.linspace(-1, 1, 5, dtype=DT)
+    for method in (pred.log_prob, pred.crps):
+        with pytest.raises(ValueError, match=r"y.squeeze\(-1\)"):
+            method(y.unsqueeze(-1))
+        assert method(y).shape == (5,)
+
+
+def test_predict_with_another_guide_keeps_each_draws_noise():
+    """A guide that is not the model's own layer guide (here a plain function around it): the
+    model is replayed on its draws, so a Bayesian noise is each draw's, not a new prior draw
+    at every evaluation, and the predictive equals the one of the guide itself."""
+    from pyro.infer.autoguide import AutoNormal
+    from pyro.nn import PyroSample
+
+    import pyro_dgp as dgp
+
+    X = torch.linspace(-1, 1, 12, dtype=DT).unsqueeze(-1)
+    y = torch.sin(3 * X.squeeze(-1))
+    pyro.set_rng_seed(0)
+    model = dgp.DeepGP.regression(X, y, num_layers=1, num_inducing=4)
+    model.likelihood.variance = PyroSample(pyro.distributions.LogNormal(
+        torch.tensor(-2.0, dtype=DT), 1.0))
+    guide = dgp.complete(AutoNormal(dgp.inducing_only(model), init_scale=0.5), model)
+    guide(X, y)
+
+    def wrapper(*args, **kwargs):
+        return guide(*args, **kwargs)
+
+    own = dgp.predict(model, guide, X, num_samples=5, seed=1).log_prob(y)
+    other = dgp.predict(model, wrapper, X, num_samples=5, seed=1)
+    first, second = other.log_prob(y), other.log_prob(y)
+    torch.testing.assert_close(first, second, rtol=0, atol=0)
+    torch.testing.assert_close(first, own, rtol=1e-12, atol=0)

@@ -99,6 +99,12 @@ class _Redirect(Messenger):
     def _redirect(self, msg):
         role = site_role(msg)
         site = self.guide._sites.get(msg["name"].rsplit(".", 1)[0]) if role else None
+        if role and msg["is_observed"]:
+            raise ValueError(
+                f"{type(self.guide).__name__}: the layer site '{msg['name']}' is observed "
+                "(poutine.condition?); a layer guide draws every layer's u and f itself, so "
+                "conditioning them is not supported: give the layer fixed values instead"
+            )
         if role == "u":
             q = self.guide.u_site(site)
             if isinstance(q, torch.Tensor):
@@ -123,6 +129,9 @@ class _Redirect(Messenger):
                 "is not covered by this guide; cover it with pyro_dgp.guides.complete("
                 "AutoNormal(pyro_dgp.inducing_only(model)), model)"
             )
+        # An unobserved site inside a plate is not refused: it is how an observation looks
+        # when the model predicts (obs=None). A hand-written model's own local latents are
+        # therefore not covered by layer guides (they are drawn from the prior, hidden).
 
 
 def _hidden(msg) -> bool:
