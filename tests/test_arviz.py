@@ -391,7 +391,8 @@ def test_prior_variance_uses_each_draws_kernel_hyperparameters():
     guide(X, y)
     tree = dgp.to_datatree(model, guide, X, y, num_samples=7, seed=3, kl=False)
     prior_var = tree["layers"]["layer2.prior_var"].values[0]  # (S, N)
-    variance = tree["posterior"]["DeepGP.layers.1.kernel.variance"].values[0].reshape(7)
+    name, = [v for v in tree["posterior"].data_vars if v.endswith("layers.1.kernel.variance")]
+    variance = tree["posterior"][name].values[0].reshape(7)  # the model's name is unique
     np.testing.assert_allclose(prior_var, np.broadcast_to(variance[:, None], prior_var.shape),
                                rtol=1e-12)
     assert np.ptp(variance) > 0.1
