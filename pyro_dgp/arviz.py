@@ -141,6 +141,8 @@ def observation_sites(model_trace, guide_trace) -> list[tuple[str, dict]]:
     for n, s in model_trace.nodes.items():
         if s["type"] != "sample" or site_is_subsample(s) or site_role(s) is not None:
             continue
+        if s["infer"].get("_deterministic") or s["infer"].get("is_auxiliary"):
+            continue  # pyro.deterministic and pyro.factor: observed sites, not observations
         if s["is_observed"] or n not in guide_trace.nodes:
             out.append((n, s))
     return out

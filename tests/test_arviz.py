@@ -196,6 +196,26 @@ def test_hand_written_model():
     assert np.isfinite(variational_pareto_k(model, guide, X, y, num_samples=50, seed=0).k)
 
 
+class _HandExtras(_Hand):
+    """The hand-written model with a pyro.deterministic and a pyro.factor site."""
+
+    def forward(self, x, y=None):
+        h = self.warp(x)
+        f = self.f(h)
+        with pyro.plate("data", x.shape[-2]):
+            pyro.deterministic("h", h.squeeze(-1))
+            pyro.factor("smooth", -0.5 * h.squeeze(-1) ** 2)
+            return pyro.sample("y", dist.Normal(f.squeeze(-1), 0.1), obs=y)
+
+
+def test_deterministic_and_factor_sites_are_not_observations():
+    model = _double(_HandExtras)
+    X, y = _data(n=12)
+    dt = to_datatree(model, dgp.guides.MeanField(model), X, y, num_samples=5, seed=0)
+    assert list(dt["log_likelihood"].data_vars) == ["y"]
+    assert list(dt["observed_data"].data_vars) == ["y"]
+
+
 class _HandNoise(_Hand):
     """The hand-written model with a Bayesian observation noise (a PyroSample)."""
 
