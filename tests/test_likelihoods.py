@@ -228,35 +228,31 @@ def _student_case_tensors(df, s, extra):
     return cases, (_t([c[i] for c in cases]) for i in range(3))
 
 
+# Tolerances. expected_log_prob: 1e-8 absolute. The trapezoid rule on tau = log t with h = 0.4
+# has error ~(df + 1)/2 exp(-pi^2 / h) ~ 1e-9 at df = 100 (measured max 1.3e-9 over 2000 cases
+# with df in [0.5, 100], var in [0, 1e4] s^2, |y - loc| <= 1e3 s); the error is absolute in
+# E log(1 + z), hence absolute in E log t, whatever its size. predictive_log_prob: 1e-10
+# relative in the density (absolute in its log, relative where |log p| > 1): the grid is cut 40
+# nats below the integrand's peak and spaced for an aliasing error ~1e-12 (measured max 5e-13
+# over the same cases). quad is good to ~1e-12 in both.
+QUAD_CHECKS = {
+    "expected_log_prob": (lambda *a: _quad_t_expected(*a), 0.0, 1e-8),
+    "predictive_log_prob": (lambda *a: _quad_t_log_predictive(*a), 1e-10, 1e-10),
+}
+
+
+@pytest.mark.parametrize("method", sorted(QUAD_CHECKS))
 @pytest.mark.parametrize("df, s, extra", STUDENT_QUAD)
-def test_student_t_expected_log_prob_matches_quad(df, s, extra):
-    # Tolerance 1e-8 absolute: the trapezoid rule on tau = log t with h = 0.4 has error
-    # ~(df + 1)/2 exp(-pi^2 / h) ~ 1e-9 at df = 100 (measured max 1.3e-9 over 2000 cases with
-    # df in [0.5, 100], var in [0, 1e4] s^2, |y - loc| <= 1e3 s); quad here is good to ~1e-12.
-    # The error is absolute in E log(1 + z), hence absolute in E log t, whatever its size.
+def test_student_t_integrals_match_quad(df, s, extra, method):
+    reference, rel, abs_ = QUAD_CHECKS[method]
     lik = StudentT(df=df, scale=s)
     cases, (y, m, v) = _student_case_tensors(df, s, extra)
     with torch.no_grad():
-        e = lik.expected_log_prob(y, m, v)
-    assert e.shape == y.shape and e.dtype == DT
+        out = getattr(lik, method)(y, m, v)
+    assert out.shape == y.shape and out.dtype == DT
     for i, (yi, mi, vi) in enumerate(cases):
-        ref = _quad_t_expected(yi, mi, vi, df, s)
-        assert e[i].item() == pytest.approx(ref, rel=0, abs=1e-8), (df, s, yi, mi, vi)
-
-
-@pytest.mark.parametrize("df, s, extra", STUDENT_QUAD)
-def test_student_t_predictive_log_prob_matches_quad(df, s, extra):
-    # Tolerance 1e-10 relative in the density (absolute in its log, relative where |log p| > 1):
-    # the grid is cut 40 nats below the integrand's peak and spaced for an aliasing error
-    # ~1e-12 (measured max 5e-13 over the 2000 cases above); quad here is good to ~1e-12.
-    lik = StudentT(df=df, scale=s)
-    cases, (y, m, v) = _student_case_tensors(df, s, extra)
-    with torch.no_grad():
-        p = lik.predictive_log_prob(y, m, v)
-    assert p.shape == y.shape and p.dtype == DT
-    for i, (yi, mi, vi) in enumerate(cases):
-        ref = _quad_t_log_predictive(yi, mi, vi, df, s)
-        assert p[i].item() == pytest.approx(ref, rel=1e-10, abs=1e-10), (df, s, yi, mi, vi)
+        ref = reference(yi, mi, vi, df, s)
+        assert out[i].item() == pytest.approx(ref, rel=rel, abs=abs_), (df, s, yi, mi, vi)
 
 
 @pytest.mark.parametrize("df, s, extra", STUDENT_QUAD)

@@ -166,13 +166,18 @@ def test_unseeded_runs_draw_their_own_minibatches(step):
     assert torch.equal(runs[0], runs[2]) and not torch.equal(runs[0], runs[1])
 
 
+def _interrupted_at_step_5(step, ckpt):
+    """A 10-step fit (seed 2) interrupted by Ctrl-C in its 6th step, checkpointing to ``ckpt``."""
+    model, guide = _small(step)
+    with pytest.raises(KeyboardInterrupt):
+        dgp.fit(model, guide, step.X_train, step.y_train, num_steps=10, seed=2, progress=False,
+                checkpoint=ckpt, objective=_FailingELBO(at=6, exc=KeyboardInterrupt()))
+
+
 def test_interrupt_saves_a_checkpoint_that_resumes(step, tmp_path):
     X, y = step.X_train, step.y_train
     ckpt = tmp_path / "int.pt"
-    model, guide = _small(step)
-    with pytest.raises(KeyboardInterrupt):
-        dgp.fit(model, guide, X, y, num_steps=10, seed=2, progress=False, checkpoint=ckpt,
-                objective=_FailingELBO(at=6, exc=KeyboardInterrupt()))
+    _interrupted_at_step_5(step, ckpt)
     saved = torch.load(ckpt, weights_only=False)
     assert saved["step"] == 5 and len(saved["losses"]) == 5
     model, guide = _small(step)
@@ -343,10 +348,7 @@ def test_seconds_count_the_steps_of_every_call_of_a_resumed_run(step, tmp_path):
     the last call alone would divide few steps' time by all of them)."""
     X, y = step.X_train, step.y_train
     ckpt = tmp_path / "t.pt"
-    model, guide = _small(step)
-    with pytest.raises(KeyboardInterrupt):
-        dgp.fit(model, guide, X, y, num_steps=10, seed=2, progress=False, checkpoint=ckpt,
-                objective=_FailingELBO(at=6, exc=KeyboardInterrupt()))
+    _interrupted_at_step_5(step, ckpt)
     first = torch.load(ckpt, weights_only=False)["seconds"]
     assert first > 0
     model, guide = _small(step)
