@@ -49,6 +49,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .validation import binary_labels
+
 __all__ = [
     "Split",
     "ChecksumError",
@@ -630,11 +632,8 @@ def load_csv(
 
     y = column(target)
     if labels:
-        values = set(np.unique(y).tolist())
-        if not (values <= {0.0, 1.0} or values <= {-1.0, 1.0}):
-            raise ValueError(f"{path}: class labels in column {target!r} must be 0/1 or -1/1, "
-                             f"got the values {sorted(values)[:10]}")
-        y = (y > 0).astype(np.float64)
+        y = binary_labels(torch.from_numpy(y), f"{path}, column {target!r}").numpy()
+        y = y.astype(np.float64)
     X = np.stack([column(f) for f in features], axis=1)
     n = len(y)
     n_test = min(int(round(test_fraction * n)), n - 1)

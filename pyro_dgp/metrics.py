@@ -6,6 +6,7 @@ import torch
 from scipy.stats import rankdata
 
 from .prediction import MixturePredictive
+from .validation import binary_labels
 
 __all__ = ["nll", "rmse", "crps", "coverage", "accuracy", "auc", "regression_report"]
 
@@ -20,17 +21,12 @@ def _targets(pred: MixturePredictive, y: torch.Tensor) -> torch.Tensor:
 
 def _labels(pred: MixturePredictive, y: torch.Tensor) -> torch.Tensor:
     """Boolean class-1 indicator of labels coded 0/1 or -1/1 (as the probit scores them)."""
-    y = _targets(pred, y)
-    values = set(torch.unique(y).tolist())
-    if not (values <= {0.0, 1.0} or values <= {-1.0, 1.0}):
-        raise ValueError(f"binary labels must be 0/1 or -1/1, got the values "
-                         f"{sorted(values)[:10]}")
-    return y > 0.5
+    return binary_labels(_targets(pred, y))
 
 
 def nll(pred: MixturePredictive, y: torch.Tensor) -> float:
     """Mean negative mixture log-density (test log-likelihood is ``-nll``)."""
-    return float(-pred.log_prob(_targets(pred, y)).mean())
+    return float(-pred.log_prob(y).mean())  # it checks y's shape
 
 
 def rmse(pred: MixturePredictive, y: torch.Tensor) -> float:
@@ -40,7 +36,7 @@ def rmse(pred: MixturePredictive, y: torch.Tensor) -> float:
 
 def crps(pred: MixturePredictive, y: torch.Tensor) -> float:
     """Mean closed-form CRPS."""
-    return float(pred.crps(_targets(pred, y)).mean())
+    return float(pred.crps(y).mean())  # it checks y's shape
 
 
 def coverage(pred: MixturePredictive, y: torch.Tensor, level: float = 0.95) -> float:

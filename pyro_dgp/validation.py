@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["check_inputs", "check_targets", "check_positive_int"]
+__all__ = ["binary_labels", "check_inputs", "check_targets", "check_positive_int"]
 
 
 def _finite(t: torch.Tensor, label: str) -> None:
@@ -72,3 +72,13 @@ def check_positive_int(value, label: str, upper: int | None = None) -> int:
     if upper is not None and as_int > upper:
         raise ValueError(f"{label} must be at most {upper}, got {value!r}")
     return as_int
+
+
+def binary_labels(y: torch.Tensor, label: str = "y") -> torch.Tensor:
+    """Boolean class-1 indicator of labels coded 0/1 or -1/1, else ``ValueError`` naming
+    ``label`` and the values found."""
+    values = set(torch.unique(y).tolist())
+    if not (values <= {0.0, 1.0} or values <= {-1.0, 1.0}):
+        raise ValueError(f"{label}: binary labels must be 0/1 or -1/1, got the values "
+                         f"{sorted(values)[:10]}")
+    return y > 0.5
