@@ -79,6 +79,18 @@ def test_bench_compositional_from_the_command_line(tmp_path):
     assert [(r["family"], r["trial"]) for r in rows] == [
         ("mean-field", 0), ("chain", 0), ("inducing-as-locations (whitened last layer)", 0),
         ("mean-field", 1)]
+    # the toy's noise and size are settings of a run: another noise is another run, and rows
+    # written before the options existed count as the toy's defaults
+    assert main(args + ["--trials", "1", "--noise", "0.1", "--n-train", "30"]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 5 and (rows[-1]["noise"], rows[-1]["n_train"]) == (0.1, 30)
+    legacy = [{k: v for k, v in r.items() if k not in ("noise", "n_train")} for r in rows[:4]]
+    (tmp_path / "results.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in legacy + rows[4:]))
+    assert main(args + ["--trials", "1"]) == 0
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 5
+    with pytest.raises(SystemExit, match="--noise"):
+        main(args + ["--trials", "1", "--noise", "0"])
 
 
 def test_fit_with_a_csv_and_a_bad_target_names_the_column(tmp_path, capsys):

@@ -228,9 +228,14 @@ def _jitter_of(family: str, locations_jitter: float) -> float | None:
     return locations_jitter if FAMILIES[family][0] == "locations" else None
 
 
+TOY_DEFAULTS = {"noise": 0.01, "n_train": 50}  # datasets.compositional_toy's defaults
+
+
 def _row_key(row: dict) -> tuple:
+    # rows written before --noise / --n-train existed used the toy's defaults
     return tuple(row[k] for k in ("family", "trial", "steps", "lr", "lr_decay", "M",
-                                  "locations_jitter"))
+                                  "locations_jitter")) + tuple(
+        row.get(k, v) for k, v in TOY_DEFAULTS.items())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -246,6 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inducing", type=int, default=20)
     p.add_argument("--locations-jitter", type=float, default=1e-3,
                    help="jitter of the periodic layer of the inducing-as-locations model")
+    p.add_argument("--noise", type=float, default=TOY_DEFAULTS["noise"],
+                   help="noise standard deviation of the toy's observations")
+    p.add_argument("--n-train", type=int, default=TOY_DEFAULTS["n_train"],
+                   help="number of the toy's training points")
     p.add_argument("--families", nargs="+", default=DEFAULT_FAMILIES, choices=list(FAMILIES))
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default="out/compositional", help="folder for JSON lines and plots")
@@ -256,11 +265,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
-    data = datasets.compositional_toy(dtype=DT)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     if args.trials < 1 or args.first_trial < 0:
         raise SystemExit("compositional: --trials must be >= 1 and --first-trial >= 0")
+    if not args.noise > 0 or args.n_train < 2:
+        raise SystemExit("compositional: --noise must be > 0 and --n-train >= 2")
+    data = datasets.compositional_toy(n_train=args.n_train, noise=args.noise, dtype=DT)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     # resumable: a trial already in results.jsonl with the same settings is not run again
     done = {}
     if (out / "results.jsonl").exists():
@@ -274,12 +285,14 @@ def main(argv=None) -> int:
             for trial in range(args.first_trial, args.first_trial + args.trials):
                 settings = dict(family=family, trial=trial, steps=args.steps, lr=args.lr,
                                 lr_decay=args.lr_decay, M=args.inducing,
-                                locations_jitter=_jitter_of(family, args.locations_jitter))
+                                locations_jitter=_jitter_of(family, args.locations_jitter),
+                                noise=args.noise, n_train=args.n_train)
                 if _row_key(settings) in done:
                     rows.append(done[_row_key(settings)])
                     continue
                 row, fitted = run_trial(family, data, trial, args.steps, args.lr, args.inducing,
                                         args.lr_decay, args.locations_jitter)
+                row.update(noise=args.noise, n_train=args.n_train)
                 rows.append(row)
                 fh.write(json.dumps(row) + "\n")
                 fh.flush()
@@ -298,7 +311,8 @@ def main(argv=None) -> int:
                 f"`{command}` on {cpu}, {args.threads} thread(s), torch {torch.__version__}, "
                 f"{datetime.date.today()}. {args.trials} trials x {args.steps} Adam steps "
                 f"(lr {args.lr}, decayed to {args.lr * args.lr_decay:g}), M = {args.inducing}, "
-                "toy of `datasets.compositional_toy` (a "
+                f"toy of `datasets.compositional_toy` ({args.n_train} points, noise sd "
+                f"{args.noise:g}; a "
                 "reconstruction: the paper does not publish its data, so the numbers are not "
                 "directly comparable). ELBO: mean of 200 estimates of the training objective "
                 "(analytic KL); variances over 1000 "
