@@ -18,8 +18,8 @@ Two evaluations of the same formulas:
   ``var_d = k(x,x) - k_x^T C_d k_x`` with the ``M x M`` matrix
   ``C_d = L^{-T} (I - S_d S_d^T) L^{-1}`` built once in ``O(D M^3)``, and
   ``mean = K_XZ (L^{-T} m)``. Over the N points that is one GEMM forward and one in the
-  backward pass (:class:`_QuadraticConditional`, using ``C_d = C_d^T``), about a third of the
-  projected form's ``M^2 N`` work and no triangular solve over N. It subtracts two terms of
+  backward pass (:class:`_QuadraticConditional`, using ``C_d = C_d^T``): fewer flops than the
+  projected form and no triangular solve over N. It subtracts two terms of
   size ``k(x, x)``, losing about ``eps * cond(K_ZZ)`` relative accuracy: harmless in float64
   (the default jitter bounds ``cond(K_ZZ)`` near ``M / 1e-6``, so ~1e-8), not in float32,
   which keeps the projected form.
@@ -182,7 +182,7 @@ class _QuadraticConditional(torch.autograd.Function):
         P = _unfold(C.reshape(D * M, M) @ Kf, Kzx.shape[:-2], Kzx.shape[-1])
         P = P.unflatten(-2, (D, M))  # (..., D, M, N): C_d k_n, one GEMM whatever the batch
         ctx.save_for_backward(Kzx, P, alpha)
-        if D == 1:  # without the size-1 dim: fewer (M, N) temporaries (1.2-2x, busy machine)
+        if D == 1:  # without the size-1 dim: fewer (M, N) temporaries
             quad = (P.squeeze(-3) * Kzx).sum(-2).unsqueeze(-1)
         else:
             quad = (P * Kzx.unsqueeze(-3)).sum(-2).mT  # (..., N, D)

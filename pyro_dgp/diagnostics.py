@@ -49,8 +49,7 @@ def _gaussian_kl(loc: torch.Tensor, cov: torch.Tensor | None, layer, tril=None,
     """``KL(q || p(u))`` for the flattened ``(D * M,)`` inducing outputs of ``layer``
     (row-major ``(D, M)``; the prior is block diagonal over the D rows), with ``q`` given by
     its ``cov (DM, DM)`` or, better, by per-row Cholesky factors ``tril (D, M, M)`` (a
-    block-diagonal ``q``): refactorising ``tril tril^T`` loses the small eigenvalues' digits
-    (measured: 2.6e-4 nat in log det for a factor with diagonal 5e-4).
+    block-diagonal ``q``): refactorising ``tril tril^T`` loses the small eigenvalues' digits.
 
     With ``random_Z`` the layer's prior is batched over draws of its inducing inputs (set by
     ``layer.given_inducing_inputs``) and the KL is averaged over them."""

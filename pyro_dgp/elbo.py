@@ -4,16 +4,14 @@
 and ``log q`` with its score parts at every guide site before it sums the ELBO, then replaces
 most of them by analytic KL terms. For a deep GP that means a multivariate-normal log-density
 per layer (a triangular solve against each ``S``), a Gaussian density over every point of every
-masked ``<layer>.f`` site, and a score-part tuple per site, all discarded. Measured on the
-speed benchmark's 2-layer model (M = 100, B = 1024, H = 1, one thread): loss and backward
-took 11.42 ms with this class against 11.87 ms with ``TraceMeanField_ELBO``.
+masked ``<layer>.f`` site, and a score-part tuple per site, all discarded.
 
 This class computes the same estimator from the same two traces, evaluating only what enters
 the sum. For a layer guide of the model it takes both traces from one run of the guide, which
 runs the model itself (:meth:`~pyro_dgp.guides.base.LayerGuide.traces`), instead of running
-the model again under ``poutine.replay``: that second run redid nothing the loss needs (about
-0.45 ms of a 23 ms step, speed benchmark's 2-layer model, M = 100, B = 1024, H = 8, one
-thread). The sum:
+the model again under ``poutine.replay``: that second run redid nothing the loss needs (0.35
+ms of a 16.8 ms step, speed benchmark's 2-layer model, M = 100, B = 1024, H = 8, 2 threads;
+``BENCHMARKS.md``, session 6). The sum:
 
 - an observed model site: its scaled and masked log-density;
 - a latent site: ``KL(q || p)`` in closed form where one is registered, else

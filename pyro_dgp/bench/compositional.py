@@ -81,10 +81,9 @@ def build_model(X, y, inducing: str, M: int = 20, locations_jitter: float = 1e-3
                     name="layer1")
     # With random inducing inputs f^z_1 spanning several periods, K(f^z_1) of the periodic
     # kernel is near-singular and the KL of q(f^z_2) is dominated by its smallest eigenvalues:
-    # a nugget of 1e-3 (relative to the mean diagonal) on that layer helps. Measured on this
-    # toy, 3000 steps: trials 0-4 ended with noise variance < 0.02 in 4 of 5 (the fifth 0.13);
-    # with the default 1e-6, trial 0 collapsed to an all-noise fit (noise 0.49). With per-point
-    # draws and 16000 steps, 1e-3 let 2 of 5 trials fail late; see BENCHMARKS.md for 1e-4.
+    # a nugget of 1e-3 (relative to the mean diagonal) on that layer helps (with the default
+    # 1e-6 the model did not fit: BENCHMARKS.md, session 2). With per-point draws and 16000
+    # steps, 1e-3 let 2 of 5 trials fail late; see BENCHMARKS.md for 1e-4.
     second = GPLayer(1, 1, inducing_points=Z.clone(), kernel=kernels.Periodic(1, period=1.0),
                      whiten=not locations or last_whitened,
                      function_values=locations and not last_whitened, name="layer2",

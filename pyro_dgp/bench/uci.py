@@ -57,7 +57,7 @@ __all__ = [
 # ------------------------------------------------------------------------ published numbers
 PUBLISHED_SOURCE = (
     "Salimbeni & Deisenroth (2017), Doubly Stochastic Variational Inference for Deep Gaussian "
-    "Processes, NeurIPS, UCI regression tables (20 splits, 5 for protein; Adam 0.01, 20,000 "
+    "Processes, NeurIPS, UCI regression tables (20 splits; Adam 0.01, 20,000 "
     "iterations, minibatch 10,000, M = 100; 'SGP 500': M = 500); as digested in "
     "REFERENCE.md §6. Mean (standard error), original units."
 )

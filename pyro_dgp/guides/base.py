@@ -291,10 +291,10 @@ class _OwnDrawMVN(dist.MultivariateNormal):
     ``log q(x) = -|e|^2 / 2 - sum log diag L - M log(2 pi) / 2``, the same function of the
     parameters as the general formula (``L^-1 (x - loc) = e``), but without the triangular
     solve: a factor trained by Adam with off-diagonal entries above its diagonal (an inner
-    layer's ``S = 1e-5 I`` after a few steps at lr 0.01, M = 100) has ``cond(L) ~ 1e50``, and the
-    solve returned ``log q`` of -1e62 at the guide's own draws, breaking Trace_ELBO, RenyiELBO
-    and the importance weights of :func:`~pyro_dgp.variational_pareto_k`. Any other value is
-    scored by the general formula.
+    layer's ``S = 1e-5 I`` after a few steps at lr 0.01, M = 100) can have ``cond(L)`` far
+    beyond 1e15, and the solve then returns a meaningless ``log q`` at the guide's own draws,
+    breaking Trace_ELBO, RenyiELBO and the importance weights of
+    :func:`~pyro_dgp.variational_pareto_k`. Any other value is scored by the general formula.
     """
 
     def rsample(self, sample_shape=torch.Size()):

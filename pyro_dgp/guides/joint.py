@@ -25,7 +25,8 @@ Estimator of ``E_q log p(y | f^L)``, shared by both guides:
   ``O(N T K)`` per step for the draws (``T`` below, ``K`` the factor's columns: ``T`` full
   rank, ``r`` low rank), against ``O(T K)`` for one shared draw; the default
   ``per_point=None`` uses it while ``N T K <= per_point_budget`` (``1e9``: boston, ``N T K =
-  9e8``, took 0.19 s per step on one core; a 10,000-point minibatch with ``T = 900`` would
+  9e8``: a whole step took 0.19 s with ``Coupled``, 0.27 s with ``Chain``, one thread on a busy
+  machine, BENCHMARKS.md session 4; a 10,000-point minibatch with ``T = 900`` would
   need 8e9). The ``<layer>.f`` values of a
   per-point trace are not one function's values: take sample paths under
   :meth:`~pyro_dgp.guides.base.LayerGuide.shared_draws`.
