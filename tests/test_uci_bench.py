@@ -99,6 +99,47 @@ def test_uci_harness_resumes_a_killed_run(tmp_path, monkeypatch):
     assert rec["resumed_from"] == 4 and rec["steps_done"] == 6
 
 
+@needs_data
+def test_snapshot_scores_an_unfinished_run_as_the_run_of_that_many_steps(tmp_path, monkeypatch,
+                                                                          capsys):
+    """--snapshot scores a killed run at its checkpoint (step 4 of 6) without training it or
+    touching its checkpoint, and gives exactly the record of a 4-step run."""
+    out, snap = tmp_path / "r.jsonl", tmp_path / "snap.jsonl"
+    argv = ["--datasets", "boston", "--layers", "2", "--splits", "1", "--steps", "6",
+            "--samples", "3", "--inducing", "5", "--threads", "1", "--quiet",
+            "--checkpoint-every", "2", "--out", str(out)]
+    real_fit = uci.fit
+
+    def dying_fit(*args, **kwargs):
+        kwargs["num_steps"] = 4
+        real_fit(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(uci, "fit", dying_fit)
+    with pytest.raises(KeyboardInterrupt):
+        uci.main(argv)
+    monkeypatch.setattr(uci, "fit", real_fit)
+    (ckpt,) = (tmp_path / "r.jsonl.ckpt").iterdir()
+    before = ckpt.read_bytes()
+    assert uci.main(argv + ["--snapshot", str(snap)]) == 0
+    assert "at step 4 of 6" in capsys.readouterr().err
+    assert ckpt.read_bytes() == before and not out.exists()
+    rec = json.loads(snap.read_text())
+    assert (rec["settings"]["steps"], rec["steps_done"], rec["snapshot_of_steps"]) == (4, 4, 6)
+    # the 4-step run itself, from scratch
+    four = tmp_path / "four.jsonl"
+    assert uci.main([a if a != "6" else "4" for a in argv[:-2]] + ["--out", str(four)]) == 0
+    ref = json.loads(four.read_text())
+    assert rec["metrics"] == pytest.approx(ref["metrics"], rel=1e-12)
+    assert rec["final_elbo"] == pytest.approx(ref["final_elbo"], rel=1e-12)
+    # the killed run still continues from its checkpoint, and a finished run has no snapshot
+    assert uci.main(argv) == 0
+    assert json.loads(out.read_text())["resumed_from"] == 4
+    assert uci.main(argv + ["--snapshot", str(snap)]) == 0
+    assert "no unfinished run" in capsys.readouterr().err
+    assert len(snap.read_text().splitlines()) == 1
+
+
 def test_parse_splits():
     assert uci._parse_splits(["all"], 5) == [0, 1, 2, 3, 4]
     assert uci._parse_splits(["3"], 20) == [0, 1, 2]

@@ -27,7 +27,9 @@ import math
 import os
 import platform
 import shlex
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -192,6 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="free text added under the appended summary")
     p.add_argument("--quiet", action="store_true",
                    help="no per-step progress bar (the bar over runs stays)")
+    p.add_argument("--snapshot", default=None, metavar="FILE",
+                   help="train nothing: score each unfinished run of this command at its "
+                   "latest checkpoint (the state of a run of that many steps, since the "
+                   "learning rate is constant) and append the records to FILE")
     p.add_argument("--summary-only", action="store_true",
                    help="run nothing; summarise what --out already holds for this selection")
     return p
@@ -268,6 +274,13 @@ def _append_record(path: Path, rec: dict) -> None:
         os.fsync(fh.fileno())
 
 
+def _tag(args, short: str, layers: int, split: int) -> str:
+    """A run's checkpoint name: every setting that changes what it computes."""
+    return (f"{short}_L{layers}_{args.guide}_{args.objective}_s{split}_T{args.steps}"
+            f"_B{args.batch_size}_M{args.inducing}_H{args.hidden_dim}_P{args.particles}"
+            f"_lr{args.lr:g}_seed{args.seed}")
+
+
 def _run_one(args, short: str, split: int, layers: int, ckpt_dir: Path) -> tuple[dict, Path]:
     """Fit and score one run; returns its record and its checkpoint path."""
     seed = args.seed + split
@@ -280,10 +293,7 @@ def _run_one(args, short: str, split: int, layers: int, ckpt_dir: Path) -> tuple
     model = DeepGP.regression(data.X_train, data.y_train, num_layers=layers,
                               hidden_dim=args.hidden_dim, num_inducing=M, seed=seed)
     guide = make_guide(args.guide, model)
-    tag = (f"{short}_L{layers}_{args.guide}_{args.objective}_s{split}_T{args.steps}"
-           f"_B{args.batch_size}_M{args.inducing}_H{args.hidden_dim}_P{args.particles}"
-           f"_lr{args.lr:g}_seed{args.seed}")
-    ckpt = ckpt_dir / f"{tag}.pt"
+    ckpt = ckpt_dir / f"{_tag(args, short, layers, split)}.pt"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     status, error = "ok", None
     t0 = time.perf_counter()
@@ -340,6 +350,30 @@ def _run_one(args, short: str, split: int, layers: int, ckpt_dir: Path) -> tuple
     if error:
         rec["error"] = error
     return rec, ckpt
+
+
+def _snapshot_one(args, short: str, split: int, layers: int, ckpt_dir: Path) -> dict | None:
+    """Score an unfinished run at its latest checkpoint, without training it or touching its
+    checkpoint; ``None`` where it has none.
+
+    The protocol's learning rate is constant and a resumed run replays the minibatch stream
+    exactly, so the state after ``k`` of ``T`` steps is the state a ``k``-step run ends in:
+    the record is that run's (``settings.steps = k``), with ``snapshot_of_steps = T``.
+    """
+    src = ckpt_dir / f"{_tag(args, short, layers, split)}.pt"
+    if not src.exists():
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "run.pt"
+        shutil.copyfile(src, copy)  # the owner replaces its checkpoint atomically
+        step = int(torch.load(copy, weights_only=False)["step"])
+        if step == 0:
+            return None
+        at_step = argparse.Namespace(**{**vars(args), "steps": step})
+        copy.rename(Path(tmp) / f"{_tag(at_step, short, layers, split)}.pt")
+        rec, _ = _run_one(at_step, short, split, layers, Path(tmp))
+    rec["snapshot_of_steps"] = args.steps
+    return rec
 
 
 # ---------------------------------------------------------------------------------- summary
@@ -494,6 +528,25 @@ def main(argv: list[str] | None = None) -> int:
 
     plan = [(ds, layers, k) for ds in names for layers in args.layers for k in splits_run[ds]]
     selected = {key_of(*p) for p in plan}
+    if args.snapshot:
+        done = {_run_key(r) for r in _read_records(out) if r.get("status") != "failed"}
+        records = []
+        for ds, layers, k in plan:
+            rec = None if key_of(ds, layers, k) in done else _snapshot_one(
+                args, ds, k, layers, ckpt_dir)
+            if rec is None:
+                continue
+            _append_record(Path(args.snapshot), rec)
+            records.append(rec)
+            m = rec["metrics"]
+            print(f"{ds} {rec['model']} split {k} at step {rec['steps_done']} of "
+                  f"{args.steps}: test log-lik {m['test_loglik']:.3f}, RMSE {m['rmse']:.4g}",
+                  file=sys.stderr)
+        if not records:
+            print(f"no unfinished run of this command has a checkpoint in {ckpt_dir}",
+                  file=sys.stderr)
+        print(summarize(records) if records else "")
+        return 0
     if not args.summary_only:
         # finished runs (ok or diverged) are skipped; failed ones are tried again
         done = {_run_key(r) for r in _read_records(out) if r.get("status") != "failed"}
