@@ -12,6 +12,10 @@ Every kernel is called as ``kernel(X1, X2=None, diag=False)``:
 - ``diag=True`` -> ``(..., N)``, the variances ``k(x_i, x_i)``.
 
 Hyperparameters are positive ``PyroParam``s; assign a ``PyroSample`` to make one Bayesian.
+Their initial values are numbers (torch's default dtype) or floating-point tensors, which keep
+their own dtype and device. A kernel built on its own gets a unique Pyro name, so two
+top-level kernels never share parameters in Pyro's param store; assigned to a layer it is
+renamed after its attribute path (``<layer>.kernel``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import math
 import torch
 from pyro.distributions import constraints
 from pyro.nn import PyroModule, PyroParam
+
+from .validation import check_positive_int, positive_tensor, unique_name
 
 __all__ = [
     "Kernel",
@@ -36,13 +42,23 @@ __all__ = [
 ]
 
 
-def _positive(value, shape=None) -> torch.Tensor:
-    t = torch.as_tensor(value, dtype=torch.get_default_dtype())
-    if shape is not None:
-        t = t.expand(shape).clone()
-    if not bool((t > 0).all()):
-        raise ValueError(f"kernel hyperparameters must be positive, got {t.tolist()}")
-    return t
+def _positive(kernel: Kernel, name: str, value, ard: bool | None = None) -> torch.Tensor:
+    """The initial value of ``kernel``'s hyperparameter ``name``, checked positive and finite:
+    a scalar ``()`` for ``ard=None``; else a scalar or ``(D,)``, returned ``(D,)`` (ARD,
+    ``ard=True``) or ``()``."""
+    label = f"{type(kernel).__name__}: {name}"
+    if ard is None:
+        return positive_tensor(value, label, scalar=True)
+    t = positive_tensor(value, label)
+    D = kernel.input_dim
+    if t.numel() == 1 and t.dim() <= 1:
+        t = t.reshape(())
+    elif not ard:
+        raise ValueError(f"{label} must be a scalar (ard=False), got shape {tuple(t.shape)}")
+    elif t.shape != (D,):
+        raise ValueError(f"{label} must be a scalar or of shape ({D},), got shape "
+                         f"{tuple(t.shape)}")
+    return t.expand(D).clone() if ard else t
 
 
 def _matrix_scale(v: torch.Tensor) -> torch.Tensor:
@@ -69,10 +85,8 @@ class Kernel(PyroModule):
     """Base class: ``input_dim`` is the size D of the last input dimension."""
 
     def __init__(self, input_dim: int):
-        super().__init__()
-        if int(input_dim) <= 0:
-            raise ValueError(f"input_dim must be a positive integer, got {input_dim}")
-        self.input_dim = int(input_dim)
+        super().__init__(name=unique_name(type(self).__name__))
+        self.input_dim = check_positive_int(input_dim, f"{type(self).__name__}: input_dim")
 
     def forward(self, X1: torch.Tensor, X2: torch.Tensor | None = None, diag: bool = False):
         raise NotImplementedError
@@ -109,9 +123,9 @@ class Stationary(Kernel):
 
     def __init__(self, input_dim: int, variance=1.0, lengthscale=1.0, ard: bool = True):
         super().__init__(input_dim)
-        self.variance = PyroParam(_positive(variance), constraints.positive)
-        shape = (self.input_dim,) if ard else ()
-        self.lengthscale = PyroParam(_positive(lengthscale, shape), constraints.positive)
+        self.variance = PyroParam(_positive(self, "variance", variance), constraints.positive)
+        self.lengthscale = PyroParam(_positive(self, "lengthscale", lengthscale, bool(ard)),
+                                     constraints.positive)
 
     #: compute distances directly instead of by |a|^2 + |b|^2 - 2 a.b (see _scaled_sqdist)
     exact_distance = False
@@ -223,10 +237,11 @@ class Periodic(Kernel):
 
     def __init__(self, input_dim: int, variance=1.0, lengthscale=1.0, period=1.0, ard=True):
         super().__init__(input_dim)
-        shape = (self.input_dim,) if ard else ()
-        self.variance = PyroParam(_positive(variance), constraints.positive)
-        self.lengthscale = PyroParam(_positive(lengthscale, shape), constraints.positive)
-        self.period = PyroParam(_positive(period, shape), constraints.positive)
+        ard = bool(ard)
+        self.variance = PyroParam(_positive(self, "variance", variance), constraints.positive)
+        self.lengthscale = PyroParam(_positive(self, "lengthscale", lengthscale, ard),
+                                     constraints.positive)
+        self.period = PyroParam(_positive(self, "period", period, ard), constraints.positive)
 
     def forward(self, X1, X2=None, diag=False):
         self._check(X1)
@@ -250,7 +265,7 @@ class White(Kernel):
 
     def __init__(self, input_dim: int, variance=1e-5):
         super().__init__(input_dim)
-        self.variance = PyroParam(_positive(variance), constraints.positive)
+        self.variance = PyroParam(_positive(self, "variance", variance), constraints.positive)
 
     def forward(self, X1, X2=None, diag=False):
         self._check(X1)
@@ -276,6 +291,9 @@ class _Combination(Kernel):
     def __init__(self, *kernels: Kernel):
         if len(kernels) < 2:
             raise ValueError("a kernel combination needs at least two kernels")
+        bad = [type(k).__name__ for k in kernels if not isinstance(k, Kernel)]
+        if bad:
+            raise TypeError(f"{type(self).__name__}: kernels must be pyro_dgp kernels, got {bad}")
         dims = {k.input_dim for k in kernels}
         if len(dims) != 1:
             raise ValueError(f"combined kernels must share input_dim, got {sorted(dims)}")

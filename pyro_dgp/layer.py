@@ -32,7 +32,13 @@ from torch.distributions import register_kl
 from .conditional import conditional
 from .kernels import RBF, Kernel
 from .linalg import cholesky, default_jitter
-from .validation import check_inputs
+from .validation import (
+    _finite,
+    check_inputs,
+    check_positive_finite,
+    check_positive_int,
+    unique_name,
+)
 
 __all__ = [
     "FunctionMarginal",
@@ -203,14 +209,20 @@ class GPLayer(PyroModule):
     :param input_dim: D_in.
     :param output_dim: D_out.
     :param num_inducing: M, with ``inducing_points`` initialised from a standard normal; or
-    :param inducing_points: ``(M, D_in)`` initial inducing inputs Z (learned).
-    :param kernel: a :class:`~pyro_dgp.kernels.Kernel` over D_in (default ARD RBF).
-    :param mean: ``"zero"``, ``"identity"`` (needs D_in == D_out), a fixed ``(D_in, D_out)``
-        matrix W (``m(x) = x W``, e.g. a PCA map), or a callable ``(..., N, D_in) ->
-        (..., N, D_out)``.
+    :param inducing_points: ``(M, D_in)`` initial inducing inputs Z (learned), ``M >= 1``;
+        their dtype and device are the layer's (an integer tensor or a list: torch's default
+        dtype). ``num_inducing``, if also given, must equal M.
+    :param kernel: a :class:`~pyro_dgp.kernels.Kernel` over D_in (default ARD RBF, built in
+        Z's dtype and device).
+    :param mean: ``"zero"``, ``"identity"`` (needs D_in == D_out), a fixed finite
+        ``(D_in, D_out)`` matrix W (``m(x) = x W``, e.g. a PCA map; stored in Z's dtype and
+        device), or a callable ``(..., N, D_in) -> (..., N, D_out)``.
     :param whiten: parameterise ``u = L v`` with ``v ~ N(0, I)`` (default).
     :param jitter: relative diagonal jitter for ``K_ZZ`` (default by dtype).
-    :param name: site-name prefix; defaults to the attribute name in the parent module.
+    :param name: site-name prefix; defaults to the attribute name in the parent module
+        (``"gp"`` for a layer without one). A layer built on its own also gets a unique Pyro
+        name for its parameters, so two top-level layers never share them in Pyro's param
+        store; assigned to a parent module it is renamed after its attribute path.
     :param train_inducing: learn Z (default) or keep it fixed.
     :param function_values: ``u`` holds the function values ``f(Z)`` (prior ``N(m(Z), K_ZZ)``)
         instead of the residual ``f(Z) - m(Z)``; needed where ``u`` is the next layer's
@@ -234,22 +246,34 @@ class GPLayer(PyroModule):
         train_inducing: bool = True,
         function_values: bool = False,
     ):
-        super().__init__()
-        for label, v in (("input_dim", input_dim), ("output_dim", output_dim)):
-            if int(v) != v or int(v) <= 0:
-                raise ValueError(f"GPLayer: {label} must be a positive integer, got {v}")
-        self.input_dim, self.output_dim = int(input_dim), int(output_dim)
+        own_name = unique_name(name or type(self).__name__)
+        super().__init__(name=own_name)
+        self._own_pyro_name = own_name  # replaced by the attribute path under a parent
+        self.input_dim = check_positive_int(input_dim, "GPLayer: input_dim")
+        self.output_dim = check_positive_int(output_dim, "GPLayer: output_dim")
+        if num_inducing is not None:
+            num_inducing = check_positive_int(num_inducing, "GPLayer: num_inducing")
         if inducing_points is None:
-            if num_inducing is None or int(num_inducing) <= 0:
+            if num_inducing is None:
                 raise ValueError(
-                    f"GPLayer: num_inducing must be a positive integer, got {num_inducing}"
+                    "GPLayer: num_inducing or inducing_points must be given, got neither"
                 )
-            inducing_points = torch.randn(int(num_inducing), self.input_dim)
+            inducing_points = torch.randn(num_inducing, self.input_dim)
         inducing_points = torch.as_tensor(inducing_points)
+        if not torch.is_floating_point(inducing_points):
+            inducing_points = inducing_points.to(torch.get_default_dtype())
         if inducing_points.dim() != 2 or inducing_points.shape[-1] != self.input_dim:
             raise ValueError(
                 f"GPLayer: inducing_points must have shape (M, {self.input_dim}), "
                 f"got {tuple(inducing_points.shape)}"
+            )
+        if inducing_points.shape[0] == 0:
+            raise ValueError("GPLayer: inducing_points must have at least one row (M >= 1), "
+                             f"got shape {tuple(inducing_points.shape)}")
+        if num_inducing is not None and num_inducing != inducing_points.shape[0]:
+            raise ValueError(
+                f"GPLayer: num_inducing={num_inducing} but inducing_points has "
+                f"{inducing_points.shape[0]} rows; give one of them"
             )
         if not torch.isfinite(inducing_points).all():
             raise ValueError("GPLayer: inducing_points contain NaN or inf")
@@ -257,16 +281,23 @@ class GPLayer(PyroModule):
             self.inducing_points = PyroParam(inducing_points.clone())
         else:
             self.register_buffer("inducing_points", inducing_points.clone())
-        self.kernel = kernel if kernel is not None else RBF(self.input_dim)
+        if kernel is None:
+            one = inducing_points.new_tensor(1.0)  # Z's dtype and device
+            kernel = RBF(self.input_dim, variance=one, lengthscale=one)
+        elif not isinstance(kernel, Kernel):
+            raise TypeError(
+                f"GPLayer: kernel must be a pyro_dgp.kernels.Kernel, got {type(kernel).__name__}"
+            )
+        self.kernel = kernel
         if self.kernel.input_dim != self.input_dim:
             raise ValueError(
                 f"GPLayer: kernel input_dim {self.kernel.input_dim} != layer input_dim "
                 f"{self.input_dim}"
             )
-        self._mean_kind, self._mean_fn = self._parse_mean(mean)
+        self._mean_kind, self._mean_fn = self._parse_mean(mean, inducing_points)
         self.whiten = bool(whiten)
-        if jitter is not None and not jitter > 0:
-            raise ValueError(f"GPLayer: jitter must be positive, got {jitter}")
+        if jitter is not None:
+            jitter = check_positive_finite(jitter, "GPLayer: jitter")
         self.jitter = jitter
         self._site_prefix = name
         if function_values and self.whiten:
@@ -277,7 +308,7 @@ class GPLayer(PyroModule):
         self.feeds_inducing_inputs = False  # set by models whose next layer uses f(Z) as its Z
 
     # ----------------------------------------------------------------------------- structure
-    def _parse_mean(self, mean):
+    def _parse_mean(self, mean, Z: torch.Tensor):
         if isinstance(mean, str):
             if mean == "zero":
                 return "zero", None
@@ -299,13 +330,18 @@ class GPLayer(PyroModule):
                 f"GPLayer: a linear mean must have shape ({self.input_dim}, {self.output_dim}), "
                 f"got {tuple(W.shape)}"
             )
+        W = W.to(dtype=Z.dtype, device=Z.device)  # the layer's dtype and device
+        _finite(W, "GPLayer: mean")
         self.register_buffer("mean_weight", W.clone())
         return "linear", None
 
     @property
     def name(self) -> str:
         """Site-name prefix: ``<name>.u`` and ``<name>.f``."""
-        return self._site_prefix or self._pyro_name or "gp"
+        if self._site_prefix:
+            return self._site_prefix
+        pyro_name = self._pyro_name  # the attribute path, once assigned to a parent module
+        return pyro_name if pyro_name and pyro_name != self._own_pyro_name else "gp"
 
     @property
     def num_inducing(self) -> int:
@@ -320,10 +356,11 @@ class GPLayer(PyroModule):
         if self._mean_kind == "linear":
             return x @ self.mean_weight
         out = self._mean_fn(x)
-        if out.shape[-1] != self.output_dim:
+        if out.dim() < 2 or out.shape[-2:] != (x.shape[-2], self.output_dim):
             raise ValueError(
-                f"layer '{self.name}': the mean callable returned last dim {out.shape[-1]}, "
-                f"expected {self.output_dim}"
+                f"layer '{self.name}': the mean callable returned shape {tuple(out.shape)} for "
+                f"inputs of shape {tuple(x.shape)}, expected (..., {x.shape[-2]}, "
+                f"{self.output_dim})"
             )
         return out
 

@@ -25,7 +25,7 @@ from pyro.nn import PyroModule, PyroParam
 from torch.special import log_ndtr, ndtr
 
 from .layer import marginal_of
-from .validation import check_targets
+from .validation import check_positive_finite, check_targets, positive_tensor, unique_name
 
 __all__ = [
     "Likelihood",
@@ -203,11 +203,18 @@ class _Expected(dist.TorchDistribution):
 
 
 class Likelihood(PyroModule):
-    """Base class. ``f`` passed in has shape ``(..., N, 1)``; ``y`` has shape ``(N,)``."""
+    """Base class. ``f`` passed in has shape ``(..., N, 1)``; ``y`` has shape ``(N,)``.
+
+    A likelihood built on its own gets a unique Pyro name (two never share parameters in
+    Pyro's param store); assigned to a model it is renamed ``<model>.likelihood``.
+    """
 
     #: whether y must be 0/1
     binary = False
     num_gh_points = 20
+
+    def __init__(self):
+        super().__init__(name=unique_name(type(self).__name__))
 
     def conditional(self, f: torch.Tensor) -> dist.Distribution:
         """``p(y | f)`` for ``f`` of shape ``(..., N)``."""
@@ -269,13 +276,14 @@ class Likelihood(PyroModule):
 
 
 class Gaussian(Likelihood):
-    """``y ~ N(f, variance)``; ``variance`` is a positive ``PyroParam`` (init 0.01)."""
+    """``y ~ N(f, variance)``; ``variance`` is a positive ``PyroParam`` (init 0.01): a number
+    (torch's default dtype) or a one-element floating-point tensor (its own dtype and
+    device)."""
 
     def __init__(self, variance: float = 0.01):
         super().__init__()
-        if not variance > 0:
-            raise ValueError(f"Gaussian likelihood: variance must be positive, got {variance}")
-        self.variance = PyroParam(torch.tensor(float(variance)), constraints.positive)
+        variance = positive_tensor(variance, "Gaussian: variance", scalar=True)
+        self.variance = PyroParam(variance, constraints.positive)
 
     def conditional(self, f):
         return dist.Normal(f, self.variance.sqrt())
@@ -341,12 +349,9 @@ class StudentT(Likelihood):
 
     def __init__(self, df: float = 4.0, scale: float = 0.1):
         super().__init__()
-        if not df > 0 or not scale > 0:
-            raise ValueError(
-                f"StudentT likelihood: df and scale must be positive, got {df}, {scale}"
-            )
-        self.df = float(df)
-        self.scale = PyroParam(torch.tensor(float(scale)), constraints.positive)
+        self.df = check_positive_finite(df, "StudentT: df")
+        scale = positive_tensor(scale, "StudentT: scale", scalar=True)
+        self.scale = PyroParam(scale, constraints.positive)
 
     def conditional(self, f):
         return dist.StudentT(self.df, f, self.scale)

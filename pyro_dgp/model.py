@@ -15,21 +15,15 @@ from scipy.cluster.vq import kmeans2
 from . import kernels as K
 from .layer import GPLayer, sample_hyperparameters
 from .likelihoods import BernoulliProbit, Gaussian, Likelihood, StudentT
-from .validation import check_inputs, check_positive_int, check_targets
+from .validation import (
+    check_inputs,
+    check_positive_finite,
+    check_positive_int,
+    check_targets,
+    unique_name,
+)
 
 __all__ = ["DeepGP"]
-
-_counter = itertools.count()
-
-
-def unique_name(base: str) -> str:
-    """``base`` the first time, then ``base_1``, ``base_2``...
-
-    PyroModule parameters live in Pyro's global param store under their module's name, so two
-    models (or two guides) with the same name would silently share parameters there.
-    """
-    n = next(_counter)
-    return base if n == 0 else f"{base}_{n}"
 
 
 _KERNELS = {
@@ -62,14 +56,22 @@ def _kmeans(X: torch.Tensor, M: int, seed: int) -> torch.Tensor:
 
 
 def _linear_mean(X: torch.Tensor, d_out: int) -> torch.Tensor:
-    """DSVI's fixed inner-layer mean ``x W``: identity, PCA projection, or identity padded."""
+    """DSVI's fixed inner-layer mean ``x W``, ``W`` of shape ``(D_in, d_out)`` for ``X`` of
+    shape ``(N, D_in)``: identity, PCA projection, or identity padded.
+
+    The PCA projection has at most ``N`` directions: with fewer points than hidden dims
+    (``N < d_out < D_in``) its last ``d_out - N`` columns are zeros (those hidden dims start
+    with a zero mean and are left to their GPs)."""
     d_in = X.shape[-1]
     if d_in == d_out:
         return torch.eye(d_in, dtype=X.dtype, device=X.device)
     if d_in > d_out:
         # top principal directions of the (centred) layer inputs
         _, _, Vh = torch.linalg.svd(X - X.mean(0), full_matrices=False)
-        return Vh[:d_out].mT.contiguous()
+        W = Vh[:d_out].mT
+        if W.shape[1] < d_out:  # fewer points than hidden dims: zero columns
+            W = torch.cat([W, W.new_zeros(d_in, d_out - W.shape[1])], dim=1)
+        return W.contiguous()
     return torch.cat([torch.eye(d_in, dtype=X.dtype, device=X.device),
                       X.new_zeros(d_in, d_out - d_in)], dim=1)
 
@@ -101,9 +103,21 @@ class DeepGP(PyroModule):
     def __init__(self, layers, likelihood: Likelihood, num_data: int | None = None, name=None,
                  inducing: str = "fixed"):
         super().__init__(name=name if name is not None else unique_name("DeepGP"))
+        if isinstance(layers, GPLayer):
+            raise TypeError("DeepGP: layers must be a list of GPLayer, got a single GPLayer; "
+                            "use DeepGP([layer], ...)")
         layers = list(layers)
         if not layers:
             raise ValueError("DeepGP needs at least one layer")
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, GPLayer):
+                raise TypeError("DeepGP: layers must be GPLayer instances, got "
+                                f"{type(layer).__name__} at position {i}")
+        if not isinstance(likelihood, Likelihood):
+            raise TypeError("DeepGP: likelihood must be a pyro_dgp.likelihoods.Likelihood, got "
+                            f"{type(likelihood).__name__}")
+        if num_data is not None:
+            num_data = check_positive_int(num_data, "DeepGP: num_data")
         for a, b in zip(layers[:-1], layers[1:], strict=False):
             if a.output_dim != b.input_dim:
                 raise ValueError(
@@ -212,6 +226,11 @@ class DeepGP(PyroModule):
                                     "hidden_dim")
         if kernel not in _KERNELS:
             raise ValueError(f"kernel must be one of {sorted(_KERNELS)}, got {kernel!r}")
+        if seed is not None:
+            seed = check_positive_int(seed, "DeepGP.regression: seed", allow_zero=True)
+        if isinstance(likelihood, str) and likelihood in ("gaussian", "studentt"):
+            noise_variance = check_positive_finite(noise_variance,
+                                                   "DeepGP.regression: noise_variance")
         makers = {
             "gaussian": lambda: Gaussian(noise_variance),
             "studentt": lambda: StudentT(scale=noise_variance**0.5),
@@ -219,6 +238,11 @@ class DeepGP(PyroModule):
         }
         if isinstance(likelihood, str) and likelihood not in makers:
             raise ValueError(f"likelihood must be one of {sorted(makers)}, got {likelihood!r}")
+        if not isinstance(likelihood, (str, Likelihood)):
+            raise TypeError(
+                f"DeepGP.regression: likelihood must be one of {sorted(makers)} or a "
+                f"pyro_dgp.likelihoods.Likelihood, got {type(likelihood).__name__}"
+            )
         with _default_dtype(X.dtype):
             if isinstance(likelihood, str):
                 likelihood = makers[likelihood]()

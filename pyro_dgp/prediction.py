@@ -14,7 +14,7 @@ from .guides.base import LayerGuide, shared_draws
 from .layer import marginal_of, site_role
 from .likelihoods import Gaussian, Likelihood, _Expected
 from .rng import seeded
-from .validation import check_inputs, check_positive_int
+from .validation import check_inputs, check_positive_finite, check_positive_int
 
 __all__ = ["MixturePredictive", "predict", "gaussian_mixture_crps"]
 
@@ -46,23 +46,38 @@ def gaussian_mixture_crps(y, means, variances, chunk: int | None = None) -> torc
     return first - 0.5 * torch.cat(second)
 
 
+def _check_units(y_mean, y_std, where: str) -> tuple[float, float]:
+    """``(y_mean, y_std)`` as floats: ``y_mean`` finite, ``y_std`` positive and finite."""
+    if y_mean is None or isinstance(y_mean, (bool, str, bytes)):
+        raise TypeError(f"{where}: y_mean must be a finite number, got {y_mean!r}")
+    if not math.isfinite(float(y_mean)):
+        raise ValueError(f"{where}: y_mean must be finite, got {float(y_mean)}")
+    return float(y_mean), check_positive_finite(y_std, f"{where}: y_std")
+
+
 class MixturePredictive:
     """``p(y* | x*) = (1/S) sum_s int p(y* | f) N(f; loc_s, var_s) df`` per test point.
 
-    :param loc, var: ``(S, N)`` last-layer marginals of the S guide draws (model units).
+    :param loc, var: ``(S, N)`` last-layer marginals of the S guide draws (model units),
+        ``S >= 1``, ``var >= 0``.
     :param likelihood: the model's likelihood.
     :param y_mean, y_std: affine map from model units to reporting units (``y = y_mean +
-        y_std * y_model``); densities are divided by ``y_std`` accordingly.
+        y_std * y_model``); densities are divided by ``y_std`` accordingly. ``y_mean`` finite,
+        ``y_std`` positive and finite.
     """
 
     def __init__(self, loc, var, likelihood: Likelihood, y_mean=0.0, y_std=1.0,
                  hyperparameters: dict[str, torch.Tensor] | None = None):
         if loc.shape != var.shape or loc.dim() != 2:
             raise ValueError(f"loc and var must both be (S, N), got {loc.shape} and {var.shape}")
-        if not y_std > 0:
-            raise ValueError(f"y_std must be positive, got {y_std}")
+        if loc.shape[0] == 0:
+            raise ValueError("MixturePredictive: loc and var must hold at least one draw "
+                             f"(S >= 1), got shape {tuple(loc.shape)}")
+        if bool((var < 0).any()):
+            raise ValueError(f"MixturePredictive: var must be non-negative, got "
+                             f"{int((var < 0).sum())} negative value(s)")
         self.loc, self.var, self.likelihood = loc, var, likelihood
-        self.y_mean, self.y_std = float(y_mean), float(y_std)
+        self.y_mean, self.y_std = _check_units(y_mean, y_std, "MixturePredictive")
         self.hyperparameters = hyperparameters or {}
 
     def _fixed(self):
@@ -184,9 +199,13 @@ def predict(
     check_inputs(X)
     S = check_positive_int(num_samples, "num_samples")
     batch_size = check_positive_int(batch_size, "batch_size")
+    y_mean, y_std = _check_units(y_mean, y_std, "predict")
     likelihood = getattr(model, "likelihood", None)
     if likelihood is None:
         raise ValueError("predict() needs a model with a .likelihood (e.g. pyro_dgp.DeepGP)")
+    if isinstance(guide, LayerGuide) and guide.model is not model:
+        raise ValueError("predict: the guide was built for another model; pass the model the "
+                         "guide was built for (guide.model)")
     last = model.layers[-1].name + ".f" if hasattr(model, "layers") else None
     one_pass = isinstance(guide, LayerGuide) and guide.model is model
     locs, vars_, hypers = [], [], []

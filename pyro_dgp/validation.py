@@ -2,9 +2,34 @@
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import torch
 
-__all__ = ["binary_labels", "check_inputs", "check_targets", "check_positive_int"]
+__all__ = [
+    "binary_labels",
+    "check_inputs",
+    "check_targets",
+    "check_positive_finite",
+    "check_positive_int",
+    "positive_tensor",
+    "unique_name",
+]
+
+_counters: dict[str, itertools.count] = {}
+
+
+def unique_name(base: str) -> str:
+    """``base`` the first time, then ``base_1``, ``base_2``...
+
+    PyroModule parameters live in Pyro's global param store under their module's name, so two
+    models, guides, or top-level layers, kernels or likelihoods with the same name would
+    silently share parameters there. (A module assigned to a parent PyroModule is renamed
+    after its attribute path, e.g. ``<model>.layers.0.kernel``.)
+    """
+    n = next(_counters.setdefault(base, itertools.count()))
+    return base if n == 0 else f"{base}_{n}"
 
 
 def _finite(t: torch.Tensor, label: str) -> None:
@@ -49,15 +74,18 @@ def check_targets(y, num_data: int, label: str = "y", binary: bool = False) -> N
         raise ValueError(f"{label}: binary labels must be 0 or 1, found {bad}")
 
 
-def check_positive_int(value, label: str, upper: int | None = None) -> int:
-    """An integer ``>= 1`` (and ``<= upper``), returned as ``int``.
+def check_positive_int(value, label: str, upper: int | None = None,
+                       allow_zero: bool = False) -> int:
+    """An integer ``>= 1`` (``>= 0`` with ``allow_zero``; and ``<= upper``), returned as
+    ``int``.
 
     :raises TypeError: ``value`` is not a number (``None``, a string, a bool, ...); the
         message names ``label`` and the value.
     :raises ValueError: a number but not a whole number ``>= 1`` (``0``, ``-1``, ``2.5``,
         ``nan``, ``inf``), or above ``upper``; the message names ``label``.
     """
-    message = f"{label} must be a positive integer, got {value!r}"
+    kind = "non-negative" if allow_zero else "positive"
+    message = f"{label} must be a {kind} integer, got {value!r}"
     if value is None or isinstance(value, (bool, str, bytes)):
         raise TypeError(f"{message} (of type {type(value).__name__})")
     try:
@@ -67,11 +95,67 @@ def check_positive_int(value, label: str, upper: int | None = None) -> int:
         raise TypeError(f"{message} (of type {type(value).__name__})") from None
     except (ValueError, OverflowError, RuntimeError):  # nan, inf, tensors of several values
         raise ValueError(message) from None
-    if not whole or as_int <= 0:
+    if not whole or as_int < (0 if allow_zero else 1):
         raise ValueError(message)
     if upper is not None and as_int > upper:
         raise ValueError(f"{label} must be at most {upper}, got {value!r}")
     return as_int
+
+
+def _not_a_number(value, label: str) -> TypeError:
+    return TypeError(f"{label} must be a positive finite number, got {value!r} "
+                     f"(of type {type(value).__name__})")
+
+
+def check_positive_finite(value, label: str) -> float:
+    """A finite number ``> 0`` (a Python or NumPy number, or a one-element tensor), returned as
+    ``float``.
+
+    :raises TypeError: ``value`` is not a number (``None``, a string, a bool, ...).
+    :raises ValueError: a tensor of several values, or ``<= 0``, ``nan`` or ``inf``; the message
+        reads ``"<label> must be positive and finite, got <value>"``.
+    """
+    if value is None or isinstance(value, (bool, str, bytes)):
+        raise _not_a_number(value, label)
+    if isinstance(value, torch.Tensor) and value.numel() != 1:
+        raise ValueError(f"{label} must be a scalar, got shape {tuple(value.shape)}")
+    try:
+        as_float = float(value)
+    except (TypeError, ValueError):
+        raise _not_a_number(value, label) from None
+    if not (math.isfinite(as_float) and as_float > 0):
+        raise ValueError(f"{label} must be positive and finite, got {as_float}")
+    return as_float
+
+
+def positive_tensor(value, label: str, scalar: bool = False) -> torch.Tensor:
+    """A hyperparameter's initial value as a tensor, checked positive and finite.
+
+    A floating-point tensor keeps its dtype and device (a detached copy); a number, a sequence
+    of numbers or an integer tensor becomes a tensor of torch's default dtype.
+
+    :param scalar: ``value`` must hold one number; it is returned with shape ``()``.
+    :raises TypeError: ``value`` is not numeric.
+    :raises ValueError: not a scalar where ``scalar``, or an entry ``<= 0``, ``nan`` or ``inf``.
+    """
+    if isinstance(value, torch.Tensor) and torch.is_floating_point(value):
+        t = value.detach().clone()
+    else:
+        if value is None or isinstance(value, (bool, str, bytes)):
+            raise _not_a_number(value, label)
+        try:
+            t = torch.as_tensor(value, dtype=torch.get_default_dtype())
+        except (TypeError, ValueError, RuntimeError):
+            raise _not_a_number(value, label) from None
+    if scalar:
+        if t.numel() != 1 or t.dim() > 1:
+            raise ValueError(f"{label} must be a scalar, got shape {tuple(t.shape)}")
+        t = t.reshape(())
+    bad = ~(torch.isfinite(t) & (t > 0))
+    if bool(bad.any()):
+        shown = t.item() if t.numel() == 1 else t.tolist()
+        raise ValueError(f"{label} must be positive and finite, got {shown}")
+    return t
 
 
 def binary_labels(y: torch.Tensor, label: str = "y") -> torch.Tensor:

@@ -377,21 +377,23 @@ def test_pyro_sample_prior_on_lengthscale():
     k.lengthscale = pyro.nn.PyroSample(dist.LogNormal(loc, 1.0).to_event(1))
     X1, X2 = _inputs()
     tr = poutine.trace(k).get_trace(X1, X2)
-    assert "lengthscale" in tr.nodes and tr.nodes["lengthscale"]["type"] == "sample"
-    ls = tr.nodes["lengthscale"]["value"]
+    site = f"{k._pyro_name}.lengthscale"  # a bare kernel's own unique name, e.g. "RBF_3"
+    assert k._pyro_name.startswith("RBF")
+    assert site in tr.nodes and tr.nodes[site]["type"] == "sample"
+    ls = tr.nodes[site]["value"]
     assert ls.shape == (D,) and (ls > 0).all()
     ref = _ref_stationary("RBF", X1, X2, VAR, ls.detach().numpy())
     np.testing.assert_allclose(tr.nodes["_RETURN"]["value"].detach().numpy(), ref, rtol=1e-11)
     # replaying a fixed lengthscale gives the formula at that value
     fixed = torch.tensor([0.4, 1.0, 2.5], dtype=DT)
-    with poutine.condition(data={"lengthscale": fixed}):
+    with poutine.condition(data={site: fixed}):
         out = k(X1, X2)
     ref = _ref_stationary("RBF", X1, X2, VAR, fixed.numpy())
     np.testing.assert_allclose(out.detach().numpy(), ref, rtol=1e-11)
     # the prior's log-density shows up in the trace
     tr.compute_log_prob()
     expected = dist.LogNormal(loc, 1.0).to_event(1).log_prob(ls)
-    torch.testing.assert_close(tr.nodes["lengthscale"]["log_prob"], expected)
+    torch.testing.assert_close(tr.nodes[site]["log_prob"], expected)
 
 
 def test_pyro_sample_prior_inside_sum_kernel():
@@ -402,7 +404,7 @@ def test_pyro_sample_prior_inside_sum_kernel():
     X1, _ = _inputs()
     tr = poutine.trace(k).get_trace(X1)
     sample_sites = [n for n, s in tr.nodes.items() if s["type"] == "sample"]
-    assert sample_sites == ["kernels.0.lengthscale"]
+    assert sample_sites == [f"{k._pyro_name}.kernels.0.lengthscale"]
     assert torch.isfinite(tr.nodes["_RETURN"]["value"]).all()
 
 

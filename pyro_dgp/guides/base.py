@@ -30,7 +30,7 @@ from pyro.poutine.trace_struct import Trace
 from pyro.poutine.util import site_is_subsample
 
 from ..layer import LAYER, SAMPLED_U_ONLY, FunctionMarginal, GPLayer, site_role
-from ..model import unique_name
+from ..validation import unique_name
 
 __all__ = ["LayerGuide", "LayerSite", "mvn_site", "prototype_sites", "shared_draws"]
 
@@ -157,6 +157,9 @@ class LayerGuide(PyroModule):
     per_draw_weights = False
 
     def __init__(self, model, name: str | None = None):
+        if not callable(model):
+            raise TypeError(f"{type(self).__name__}: model must be a callable Pyro model (e.g. a "
+                            f"pyro_dgp.DeepGP), got {type(model).__name__}")
         super().__init__(name=name if name is not None else unique_name(type(self).__name__))
         self._model = (model,)
         self._sites: dict[str, LayerSite] = {}

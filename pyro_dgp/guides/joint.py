@@ -46,6 +46,7 @@ from pyro.nn import PyroModule, PyroParam
 from ..conditional import _solve
 from ..layer import _drop_data_dim
 from ..linalg import CholeskyError
+from ..validation import check_positive_finite, check_positive_int
 from .base import LayerGuide, LayerSite, initial_scale_tril
 from .meanfield import deep_getattr
 
@@ -197,10 +198,8 @@ class JointGaussian(LayerGuide):
     def __init__(self, model, inner_variance: float = 1e-5, per_point: bool | None = None,
                  name=None):
         super().__init__(model, name=name)
-        if not inner_variance > 0:
-            raise ValueError(f"{type(self).__name__}: inner_variance must be positive, "
-                             f"got {inner_variance}")
-        self.inner_variance = float(inner_variance)
+        self.inner_variance = check_positive_finite(inner_variance,
+                                                    f"{type(self).__name__}: inner_variance")
         self.per_point = None if per_point is None else bool(per_point)
 
     def draws_per_point(self, num_draws: int) -> bool:
@@ -376,9 +375,7 @@ class Coupled(JointGaussian):
     def __init__(self, model, rank: int | None = None, inner_variance: float = 1e-5,
                  per_point: bool | None = None, name=None):
         super().__init__(model, inner_variance, per_point, name=name)
-        if rank is not None and int(rank) <= 0:
-            raise ValueError(f"Coupled: rank must be a positive integer or None, got {rank}")
-        self.rank = None if rank is None else int(rank)
+        self.rank = None if rank is None else check_positive_int(rank, "Coupled: rank")
 
     def _setup_sites(self, sites):
         blocks = self._init_blocks()

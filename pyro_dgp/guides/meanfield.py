@@ -10,6 +10,7 @@ from pyro.distributions import constraints
 from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
 
+from ..validation import check_positive_finite
 from .base import LayerGuide, LayerSite, initial_scale_tril, mvn_site
 
 __all__ = ["MeanField"]
@@ -78,10 +79,8 @@ class MeanField(LayerGuide):
     def __init__(self, model, collapsed: bool = True, inner_variance: float = 1e-5,
                  whiten_function_values: bool = True, per_point: bool = True, name=None):
         super().__init__(model, name=name)
-        if not inner_variance > 0:
-            raise ValueError(f"MeanField: inner_variance must be positive, got {inner_variance}")
+        self.inner_variance = check_positive_finite(inner_variance, "MeanField: inner_variance")
         self.collapsed = bool(collapsed)
-        self.inner_variance = float(inner_variance)
         self.whiten_function_values = bool(whiten_function_values)
         self.per_point = bool(per_point)
         self._run_q: dict = {}

@@ -37,6 +37,9 @@ GUIDES = {
 
 def make_guide(name: str, model):
     """A fresh guide of ``model`` by name (see :data:`GUIDES`)."""
+    if not isinstance(name, str):
+        raise TypeError(f"make_guide: name must be a str (one of {sorted(GUIDES)}), got "
+                        f"{type(name).__name__}; the call is make_guide(name, model)")
     if name == "meanfield":
         return MeanField(model)
     if name == "meanfield-sampled":
