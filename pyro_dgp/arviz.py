@@ -479,7 +479,10 @@ class VariationalPSIS:
 def guide_log_density(guide, guide_trace, S: int) -> torch.Tensor:
     """``(S,)`` log q of each draw of the global latents in ``guide_trace``: the sum of
     ``log_prob`` over the guide's sample sites other than the layer function values (auxiliary
-    sites and transformed ``Delta`` sites included, as Pyro's ELBOs count them).
+    sites and transformed ``Delta`` sites included, as Pyro's ELBOs count them). A guide whose
+    ``<layer>.u`` sites do not score ``q`` itself (the joint guides ``Coupled`` and ``Chain``
+    score ``log p(u^l)`` plus their closed-form KL) gives the joint density of its layers'
+    draws through ``layers_log_q(guide_trace, S)``.
 
     :raises ValueError: when the guide has no tractable density (``tractable_log_q = False`` on
         the guide, a site whose distribution has no ``log_prob``, or a point mass).
@@ -499,6 +502,10 @@ def guide_log_density(guide, guide_trace, S: int) -> torch.Tensor:
         and site_role(s) != "f"
     ]
     has_aux = any((s.get("infer") or {}).get("is_auxiliary") for _, s in sites)
+    layers_log_q = getattr(guide, "layers_log_q", None)
+    if layers_log_q is not None:
+        terms.append(layers_log_q(guide_trace, S))
+        sites = [(n, s) for n, s in sites if site_role(s) != "u"]
     for name, site in sites:
         fn = _unwrap(site["fn"])
         base = fn

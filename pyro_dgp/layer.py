@@ -476,7 +476,8 @@ class GPLayer(PyroModule):
         :param x: ``(..., N, D_in)`` layer inputs (the data, or the previous layer's ``f``).
         :param plate: the model's data plate (dim -1); a plate of size N is made if omitted.
         :param inducing_inputs: ``(..., M, D_in)`` random inducing inputs for this call (the
-            previous layer's ``inducing_outputs``); needs ``function_values=True``.
+            previous layer's ``inducing_outputs``); needs ``function_values=True`` (centred)
+            or ``whiten=True`` (non-centred).
         :returns: ``f`` of shape ``(..., N, D_out)``.
         """
         if is_validation_enabled():  # a pass over x and a host sync: not in fit's hot loop

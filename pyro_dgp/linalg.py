@@ -34,7 +34,8 @@ def cholesky(
     :param jitter: relative diagonal jitter; ``None`` picks :func:`default_jitter`.
     :param max_tries: each failure multiplies the jitter by 10; after ``max_tries`` retries a
         :class:`CholeskyError` naming ``name`` (the layer) is raised.
-    :returns: ``(..., M, M)`` lower-triangular ``L`` with ``L L^T = K + jitter I``.
+    :returns: ``(..., M, M)`` lower-triangular ``L`` with ``L L^T = K + jitter mean(diag K) I``
+        (the jitter of the last try).
     """
     if jitter is None:
         jitter = default_jitter(K.dtype)

@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from .elbo import AnalyticKL_ELBO
 from .guides.base import LayerGuide
+from .linalg import CholeskyError
 from .validation import check_inputs, check_positive_int, check_targets
 
 __all__ = ["FitResult", "TrainingDivergedError", "fit", "make_objective", "make_optimizer"]
@@ -170,7 +171,8 @@ def fit(
         exponential decay over steps ``t = 0 .. num_steps - 1``,
         ``lr_t = lr * lr_decay ** (t / (num_steps - 1))`` (``1``: constant). A
         function of the step only, so a resumed run follows the same schedule.
-    :raises TrainingDivergedError: on a NaN/inf loss, after restoring the last good parameters.
+    :raises TrainingDivergedError: on a NaN/inf loss or a Cholesky failure (parameters gone
+        non-finite), after restoring the last good parameters and writing the checkpoint.
     """
     check_inputs(X)
     N = X.shape[-2]
@@ -276,23 +278,30 @@ def fit(
             # layer inputs and targets) runs on the first step only: model, guide and data
             # shapes do not change between steps, X and y were checked above, and a NaN loss
             # is caught below. Its checks would run again at every step.
-            with pyro.validation_enabled(validate and step == start):
-                if differentiable:
-                    loss_t = elbo.differentiable_loss(model, guide, *args)
-                    loss_t.backward()
-                    loss = float(loss_t.detach())
-                else:
-                    loss = float(elbo.loss_and_grads(model, guide, *args))
+            failure = None
+            try:
+                with pyro.validation_enabled(validate and step == start):
+                    if differentiable:
+                        loss_t = elbo.differentiable_loss(model, guide, *args)
+                        loss_t.backward()
+                        loss = float(loss_t.detach())
+                    else:
+                        loss = float(elbo.loss_and_grads(model, guide, *args))
+            except CholeskyError as err:
+                if step == start:  # the starting parameters themselves: not a divergence
+                    raise
+                loss, failure = math.nan, err  # parameters gone non-finite show up here first
             if not math.isfinite(loss):
                 with torch.no_grad():
                     for p, good in zip(params, last_good, strict=True):
                         p.copy_(good)
                 save(step, step_rng)
+                what = f"the loss became {loss}" if failure is None else f"{failure}"
                 raise TrainingDivergedError(
-                    f"the loss became {loss} at step {step}; the parameters were restored to "
-                    f"their last values with a finite loss. Try a smaller lr (now {lr}), float64 "
-                    "data, or more jitter."
-                )
+                    f"{what} at step {step}; the parameters were restored to their last values "
+                    f"with a finite loss. Try a smaller lr (now {lr}), float64 data, or more "
+                    "jitter."
+                ) from failure
             with torch.no_grad():
                 for p, good in zip(params, last_good, strict=True):
                     good.copy_(p)

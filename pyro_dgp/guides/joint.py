@@ -150,12 +150,14 @@ def _copy_into(param_holder, name: str, value: torch.Tensor, constraint) -> None
 class _JointDraw:
     """Joint draws for one guide run, keyed by batch shape (the plates' shape for the
     ``<layer>.u`` sites, plus the points for per-point draws): ``(v (*batch, T), last_loc
-    (*batch, n_L))``, ``last_loc`` the mean of ``u^L`` given all other noise of the draw."""
+    (*batch, n_L), eps (*batch, T) or None)``, ``last_loc`` the mean of ``u^L`` given all other
+    noise of the draw, ``eps`` the standard normal noise of a full-rank draw
+    ``v = mean + R eps``."""
 
     def __init__(self, sample_fn):
         self.sample_fn, self.cache, self.latest = sample_fn, {}, None
 
-    def get(self, batch_shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
+    def get(self, batch_shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if batch_shape not in self.cache:
             self.cache[batch_shape] = self.sample_fn(batch_shape)
         self.latest = self.cache[batch_shape]
@@ -280,19 +282,46 @@ class JointGaussian(LayerGuide):
         return self._draw_with_last_loc(batch_shape)[0]
 
     def _draw_with_last_loc(self, batch_shape: torch.Size):
-        """``(v, last_loc)`` as :class:`_JointDraw` keeps them. ``R`` is lower triangular (full
-        rank), so the last block's own noise is ``eps[T - n_L:]``; with ``W W^T + diag d`` it
-        is the diagonal part's."""
+        """``(v, last_loc, eps)`` as :class:`_JointDraw` keeps them. ``R`` is lower triangular
+        (full rank), so the last block's own noise is ``eps[T - n_L:]``; with
+        ``W W^T + diag d`` it is the diagonal part's (and ``eps`` is ``None``)."""
         mean, R, d, _ = self._factor_of_run()
         lo = self._offsets()[-1]
         eps = torch.randn(batch_shape + (R.shape[-1],), dtype=mean.dtype, device=mean.device)
         if d is None:
             head = mean + eps[..., :lo] @ R[:, :lo].mT
-            return head + eps[..., lo:] @ R[:, lo:].mT, head[..., lo:]
+            return head + eps[..., lo:] @ R[:, lo:].mT, head[..., lo:], eps
         head = mean + eps @ R.mT
         noise = d.sqrt() * torch.randn(batch_shape + mean.shape, dtype=mean.dtype,
                                        device=mean.device)
-        return head + noise, head[..., lo:]
+        return head + noise, head[..., lo:], None
+
+    def log_q(self, v: torch.Tensor) -> torch.Tensor:
+        """``(*batch,)`` log-density under ``q`` of joint values ``v (*batch, T)`` (every
+        layer's ``vec u^l``, in layer order).
+
+        The guide's own latest shared draw is scored from its noise, ``-(T log 2 pi + log det
+        Cov + |eps|^2) / 2``, without the triangular solve that an ill-conditioned factor
+        would spoil (as :class:`~pyro_dgp.guides.base._OwnDrawMVN`); other values by the
+        general formula."""
+        mean, R, d, logdet = self.factor()
+        latest = self._draw.latest if hasattr(self, "_draw") else None
+        if d is None and latest is not None and latest[0].shape[:-1].numel() == v.shape[
+                :-1].numel() and torch.equal(latest[0].reshape(v.shape), v):
+            eps = latest[2].reshape(v.shape)
+            return -0.5 * (v.shape[-1] * math.log(2 * math.pi) + logdet + eps.square().sum(-1))
+        if d is None:
+            return dist.MultivariateNormal(mean, scale_tril=R).log_prob(v)
+        return dist.LowRankMultivariateNormal(mean, R, d).log_prob(v)
+
+    def layers_log_q(self, guide_trace, num_draws: int) -> torch.Tensor:
+        """``(S,)`` joint ``log q(u^1, ..., u^L)`` of the ``S = num_draws`` shared draws in
+        ``guide_trace`` (one draw of every layer per sample). The ``<layer>.u`` sites' own
+        ``log_prob`` is not ``log q``: it is ``log p(u^l)`` plus the closed-form KL on the
+        first site, so that Pyro's ELBOs count exactly ``-KL`` (:class:`_LayerSlice`)."""
+        v = torch.cat([guide_trace.nodes[s.name]["value"].reshape(num_draws, -1)
+                       for s in self.layer_sites], dim=-1)
+        return self.log_q(v)
 
     def last_scale(self) -> torch.Tensor:
         """``(n_L, K)``: a factor of ``Cov(vec u^L | all other noise)`` (see
@@ -341,10 +370,14 @@ class JointGaussian(LayerGuide):
         points = u.shape[:-2] + x.shape[-2:-1]
         per_point = self.draws_per_point(points.numel())
         if per_point:
-            v, last_loc = self._point_draws.get(points)
+            v, last_loc, _ = self._point_draws.get(points)
             x = x.unsqueeze(-2)  # (..., N, 1, D_in)
+        elif self._draw.latest is None:
+            # u was replayed, not drawn in this run (e.g. the global draws on a grid): u is a
+            # draw of q, so the model's conditional given it is the sampled-u estimator
+            return site.layer.conditional(x, u)
         else:
-            v, last_loc = self._draw.latest  # the draw behind u (data plate's singleton kept)
+            v, last_loc, _ = self._draw.latest  # the draw behind u (data plate's singleton)
         if site.is_last:
             loc = last_loc.reshape(last_loc.shape[:-1] + (D, M))
             if not per_point:
@@ -539,19 +572,22 @@ class Chain(JointGaussian):
         return mean, R @ R.mT
 
     def _draw_with_last_loc(self, batch_shape):
-        # ancestral sampling: O(sum_l n_l (n_l + n_{l-1})) per draw, not the dense T^2
-        parts, w, loc = [], None, None
+        # ancestral sampling: O(sum_l n_l (n_l + n_{l-1})) per draw, not the dense T^2. The
+        # noises e_l of the conditionals are the joint draw's eps: q(v) = prod_l N(e_l; 0, I)
+        # / prod_l det L_l, which is log_q's formula with log det Cov = 2 sum_l log diag L_l
+        parts, noises, w, loc = [], [], None, None
         for site in self.layer_sites:
             m, L = deep_getattr(self.locs, site.name), self._scale(site)
             shift = None if w is None else w @ self._coupling(site).mT  # C_l w_{l-1}
             loc = m if shift is None else m + shift
             eps = torch.randn(batch_shape + m.shape, dtype=m.dtype, device=m.device)
             parts.append(loc + eps @ L.mT)
+            noises.append(eps)
             if not site.is_last:  # w_l = L_l^{-1} C_l w_{l-1} + e_l
                 # one triangular solve for all draws (the batch folded into its columns)
                 w = eps if shift is None else eps + _solve(L, shift.unsqueeze(-1),
                                                            upper=False).squeeze(-1)
-        return torch.cat(parts, -1), loc
+        return torch.cat(parts, -1), loc, torch.cat(noises, -1)
 
     def last_scale(self):
         return self._scale(self.layer_sites[-1])
