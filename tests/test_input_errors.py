@@ -293,3 +293,12 @@ def test_mixture_predictive_checks_draws_and_variances():
         MixturePredictive(torch.zeros(0, 4), torch.zeros(0, 4), lik)
     with pytest.raises(ValueError, match="var must be non-negative"):
         MixturePredictive(torch.zeros(2, 4), -torch.ones(2, 4), lik)
+
+
+def test_complete_and_inducing_only_need_callables():
+    X = torch.linspace(-1, 1, 10, dtype=torch.float64).unsqueeze(-1)
+    model = dgp.DeepGP.regression(X, X[:, 0], num_layers=1, num_inducing=4)
+    with pytest.raises(TypeError, match="inducing_only: model must be a callable"):
+        dgp.inducing_only("model")
+    with pytest.raises(TypeError, match="complete: guide must be a callable"):
+        dgp.complete(None, model)

@@ -40,6 +40,9 @@ class InducingOnly:
     and local sites are hidden and never computed. Build autoguides on it."""
 
     def __init__(self, model):
+        if not callable(model):
+            raise TypeError(f"inducing_only: model must be a callable Pyro model, got "
+                            f"{type(model).__name__}")
         self.model = model
 
     def __call__(self, *args, **kwargs):
@@ -66,6 +69,10 @@ class Completed(LayerGuide):
     per_draw_weights = True
 
     def __init__(self, inner, model, name=None):
+        if not callable(inner):
+            raise TypeError("complete: guide must be a callable Pyro guide over the inducing "
+                            f"sites (e.g. an autoguide on inducing_only(model)), got "
+                            f"{type(inner).__name__}")
         super().__init__(model, name=name)
         self.inner = inner
         self._inner_ready = False
