@@ -156,13 +156,16 @@ def layer_kl(
             trace = _trace_guide(guide, (X,), num_samples)
     layers = _layers_of(trace)
     names = [f"{n}.u" for n, _ in layers]
-    gaussians = {}
+    gaussians, closed_form = {}, {}
     if isinstance(guide, MeanField):
         for site in guide.layer_sites:
             loc, tril = guide.q_params(site)
             gaussians[site.name] = (loc.reshape(-1), None, tril)
-    elif isinstance(guide, JointGaussian):  # Coupled, Chain: each layer's block
-        gaussians = {site.name: guide.marginal(site) for site in guide.layer_sites}
+    elif isinstance(guide, JointGaussian):  # Coupled, Chain: each layer's block, factored
+        with torch.no_grad():
+            for site in guide.layer_sites:
+                closed_form[site.name] = float(gaussian_kl_to_layer_prior(
+                    [site.layer], *guide.marginal_factor(site)))
     elif hasattr(guide, "inner"):
         gaussians = _completed_gaussians(guide.inner, names)
     out = {}
@@ -174,7 +177,9 @@ def layer_kl(
         if below is not None and below[1].feeds_inducing_inputs:
             Z = _drop_plate_dim(trace.nodes[f"{below[0]}.u"]["value"]).mT
         with layer.given_inducing_inputs(Z):
-            if uname in gaussians:
+            if uname in closed_form:
+                out[lname] = closed_form[uname]
+            elif uname in gaussians:
                 loc, cov, *tril = gaussians[uname]
                 out[lname] = _gaussian_kl(loc, cov, layer, tril=tril[0] if tril else None,
                                           random_Z=Z is not None)

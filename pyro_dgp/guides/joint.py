@@ -332,14 +332,28 @@ class JointGaussian(LayerGuide):
 
     def marginal(self, site: LayerSite) -> tuple[torch.Tensor, torch.Tensor]:
         """``(mean (n,), covariance (n, n))`` of layer ``site``'s block ``q(vec u^l)``."""
+        mean, Rb, d, _ = self.marginal_factor(site)
+        cov = Rb @ Rb.mT
+        if d is not None:
+            cov = cov + torch.diag(d)
+        return mean, cov
+
+    def marginal_factor(self, site: LayerSite):
+        """``(mean (n,), R_b (n, K), d_b (n,) or None, log det Cov or None)``: layer
+        ``site``'s block ``q(vec u^l) = N(mean, R_b R_b^T + diag d_b)``, as
+        :func:`gaussian_kl_to_layer_prior` takes it.
+
+        Full rank: the block's rows of the joint factor, with ``log det`` from a QR
+        decomposition of them. Refactorising ``R_b R_b^T`` by Cholesky fails once Adam has
+        made the factor ill-conditioned (``cond ~ 1e17`` after a few dozen steps)."""
         mean, R, d, _ = self.factor()
         lo = self._offsets()[site.index]
         hi = lo + site.shape.numel()
-        Rb = R[lo:hi]
-        cov = Rb @ Rb.mT
         if d is not None:
-            cov = cov + torch.diag(d[lo:hi])
-        return mean[lo:hi], cov
+            return mean[lo:hi], R[lo:hi], d[lo:hi], None
+        Rb = R[lo:hi, :hi]  # R is lower triangular: the columns beyond hi are zero
+        r = torch.linalg.qr(Rb.mT, mode="r")[1]  # Rb Rb^T = r^T r
+        return mean[lo:hi], Rb, None, 2 * r.diagonal().abs().log().sum()
 
     def kl(self) -> torch.Tensor:
         """``KL(q(U) || p(U))``, closed form."""
