@@ -83,7 +83,21 @@ class AnalyticKL_ELBO(TraceMeanField_ELBO):  # noqa: N801 (Pyro's naming of ELBO
                 *args, **kwargs)
         return prune_subsample_sites(model_trace), prune_subsample_sites(guide_trace)
 
+    def differentiable_loss(self, model, guide, *args, **kwargs):
+        """The loss ``-ELBO`` (a tensor to differentiate), as ``TraceMeanField_ELBO``'s, without
+        its per-call ``.item()`` and NaN check: each makes the host wait for the forward pass
+        on a GPU before it can queue the backward one. :func:`~pyro_dgp.fit` checks the loss
+        once per step."""
+        loss = 0.0
+        for model_trace, guide_trace in self._get_traces(model, guide, args, kwargs):
+            loss = loss - self._elbo_particle(model_trace, guide_trace) / self.num_particles
+        return loss
+
     def _differentiable_loss_particle(self, model_trace, guide_trace):
+        elbo = self._elbo_particle(model_trace, guide_trace)
+        return -torch_item(elbo), -elbo
+
+    def _elbo_particle(self, model_trace, guide_trace) -> torch.Tensor:
         elbo = 0.0
         for name, site in model_trace.nodes.items():
             if site["type"] != "sample" or _masked_out(site):
@@ -108,4 +122,4 @@ class AnalyticKL_ELBO(TraceMeanField_ELBO):  # noqa: N801 (Pyro's naming of ELBO
         for name, guide_site in guide_trace.nodes.items():
             if guide_site["type"] == "sample" and name not in model_trace.nodes:
                 elbo = elbo - _log_prob_sum(guide_site)  # auxiliary site
-        return -torch_item(elbo), -elbo
+        return elbo

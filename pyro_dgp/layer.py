@@ -212,8 +212,8 @@ class GPLayer(PyroModule):
     :param inducing_points: ``(M, D_in)`` initial inducing inputs Z (learned), ``M >= 1``;
         their dtype and device are the layer's (an integer tensor or a list: torch's default
         dtype). ``num_inducing``, if also given, must equal M.
-    :param kernel: a :class:`~pyro_dgp.kernels.Kernel` over D_in (default ARD RBF, built in
-        Z's dtype and device).
+    :param kernel: a :class:`~pyro_dgp.kernels.Kernel` over D_in (default ARD RBF); moved to
+        Z's dtype and device.
     :param mean: ``"zero"``, ``"identity"`` (needs D_in == D_out), a fixed finite
         ``(D_in, D_out)`` matrix W (``m(x) = x W``, e.g. a PCA map; stored in Z's dtype and
         device), or a callable ``(..., N, D_in) -> (..., N, D_out)``.
@@ -288,7 +288,9 @@ class GPLayer(PyroModule):
             raise TypeError(
                 f"GPLayer: kernel must be a pyro_dgp.kernels.Kernel, got {type(kernel).__name__}"
             )
-        self.kernel = kernel
+        # the layer's dtype and device are its inducing inputs' (numbers given to a kernel's
+        # constructor take torch's default dtype)
+        self.kernel = kernel.to(dtype=inducing_points.dtype, device=inducing_points.device)
         if self.kernel.input_dim != self.input_dim:
             raise ValueError(
                 f"GPLayer: kernel input_dim {self.kernel.input_dim} != layer input_dim "

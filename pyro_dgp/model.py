@@ -84,7 +84,8 @@ class DeepGP(PyroModule):
 
     :param layers: the GP layers, first to last; each layer's output_dim is the next one's
         input_dim, the last has output_dim 1.
-    :param likelihood: a :class:`~pyro_dgp.likelihoods.Likelihood`.
+    :param likelihood: a :class:`~pyro_dgp.likelihoods.Likelihood`; moved to the first layer's
+        dtype and device.
     :param num_data: N, the size of the full training set (``None``: each call's B).
     :param inducing: ``"fixed"`` (DSVI: every layer has its own inducing inputs) or
         ``"locations"`` (seed 003 §4.2: only the first layer's inducing inputs ``z`` exist;
@@ -150,7 +151,8 @@ class DeepGP(PyroModule):
                 a.feeds_inducing_inputs = True
         self.inducing = inducing
         self.layers = PyroModule[torch.nn.ModuleList](layers)
-        self.likelihood = likelihood
+        Z = layers[0].inducing_points  # the model's dtype and device
+        self.likelihood = likelihood.to(dtype=Z.dtype, device=Z.device)
         self.num_data = num_data
 
     @property

@@ -13,7 +13,9 @@ __all__ = ["seeded"]
 def seeded(seed: int | None, device: torch.device):
     """Draw from ``seed`` inside the block (CPU and ``device``'s CUDA generator), restoring
     the global random state afterwards; ``seed=None`` draws from the global state as usual."""
-    devices = [device] if torch.device(device).type == "cuda" else []
+    # torch.manual_seed seeds every GPU: fork (and restore) all that CUDA has set up
+    devices = (list(range(torch.cuda.device_count()))
+               if torch.device(device).type == "cuda" or torch.cuda.is_initialized() else [])
     with torch.random.fork_rng(devices=devices, enabled=seed is not None):
         if seed is not None:
             torch.manual_seed(seed)

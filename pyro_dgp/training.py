@@ -124,13 +124,22 @@ def make_optimizer(optimizer: type[torch.optim.Optimizer], params, lr: float):
     return optimizer(params, lr=lr)
 
 
-def _rng_state(generator: torch.Generator) -> dict:
-    return {"pyro": pyro.util.get_rng_state(), "batches": generator.get_state()}
+def _rng_state(generator: torch.Generator, device: torch.device) -> dict:
+    """Every random stream a step draws from: Pyro's (torch CPU, Python, NumPy), the
+    minibatch generator's and, for data on a GPU, that GPU's (the guides draw there)."""
+    state = {"pyro": pyro.util.get_rng_state(), "batches": generator.get_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
 
 
-def _set_rng_state(state: dict, generator: torch.Generator) -> None:
-    pyro.util.set_rng_state(state["pyro"])
-    generator.set_state(state["batches"])
+def _set_rng_state(state: dict, generator: torch.Generator, device: torch.device) -> None:
+    # generator states must be CPU byte tensors, whatever map_location moved them to
+    pyro_state = dict(state["pyro"], torch=state["pyro"]["torch"].cpu())
+    pyro.util.set_rng_state(pyro_state)
+    generator.set_state(state["batches"].cpu())
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
 
 
 def _save(path: Path, payload: dict) -> None:
@@ -197,11 +206,13 @@ def fit(
     if y.dtype != X.dtype or y.device != X.device:
         raise ValueError(f"y is {y.dtype} on {y.device} but X is {X.dtype} on {X.device}: give "
                          "both in the model's dtype and device")
-    params = list(model.parameters())
-    if params and (params[0].dtype != X.dtype or params[0].device != X.device):
+    other = [(name, p) for name, p in model.named_parameters()
+             if p.dtype != X.dtype or p.device != X.device]
+    if other:
+        listed = ", ".join(f"{name} ({p.dtype} on {p.device})" for name, p in other[:4])
         raise ValueError(
-            f"X is {X.dtype} on {X.device} but the model is {params[0].dtype} on "
-            f"{params[0].device}; build the model from the same data or call model.to(...)"
+            f"X is {X.dtype} on {X.device} but {len(other)} model parameter(s) are not: "
+            f"{listed}; build the model from the same data or call model.to(...)"
         )
 
     if seed is not None:
@@ -234,7 +245,7 @@ def fit(
                     f"resuming with lr={lr}; the checkpoint was written with lr={saved_lr}: "
                     "the run continues from its state at the new rate, not exactly",
                     UserWarning, stacklevel=2)
-            _set_rng_state(state["rng"], generator)
+            _set_rng_state(state["rng"], generator, X.device)
             result.losses = list(state["losses"])
             start = result.resumed_from = int(state["step"])
             seconds_before = float(state.get("seconds", 0.0))
@@ -248,7 +259,7 @@ def fit(
                 "model": model.state_dict(),
                 "guide": guide.state_dict(),
                 "optimizer": opt.state_dict(),
-                "rng": rng if rng is not None else _rng_state(generator),
+                "rng": rng if rng is not None else _rng_state(generator, X.device),
                 "losses": result.losses,
                 "lr": lr,
                 "seconds": seconds_before + time.perf_counter() - t0,
@@ -264,7 +275,7 @@ def fit(
     try:
         for step in range(start, num_steps):
             if path is not None:  # the generator's state: only where a checkpoint needs it
-                step_rng = _rng_state(generator)
+                step_rng = _rng_state(generator, X.device)
             if B < N:
                 idx = torch.randperm(N, generator=generator)[:B].to(X.device)
                 args = (X[idx], y[idx])

@@ -217,6 +217,23 @@ def test_analytic_kl_elbo_has_trace_mean_field_elbos_value_and_gradient(num_part
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
+def test_analytic_kl_elbos_differentiable_loss_reads_no_value_back(monkeypatch):
+    """No ``.item()`` (a host sync on a GPU) in the loss that fit differentiates."""
+    import pyro_dgp.elbo as elbo_module
+
+    def no_item(x):
+        raise AssertionError("torch_item called")
+
+    monkeypatch.setattr(elbo_module, "torch_item", no_item)
+    X = torch.linspace(-2, 2, 20, dtype=DT).unsqueeze(-1)
+    model = dgp.DeepGP.regression(X, torch.sin(X[:, 0]), num_layers=2, num_inducing=5)
+    guide = dgp.guides.MeanField(model)
+    with pyro.validation_enabled(False):
+        loss = elbo_module.AnalyticKL_ELBO().differentiable_loss(model, guide, X,
+                                                                 torch.sin(X[:, 0]))
+    assert loss.requires_grad and torch.isfinite(loss)
+
+
 def test_analytic_kl_elbo_falls_back_and_handles_masks_and_auxiliary_sites():
     """Sites without a registered KL (LogNormal guide, Gamma prior) fall back to log p - log q,
     masked-out sites add nothing, auxiliary guide sites add -log q: as TraceMeanField_ELBO."""

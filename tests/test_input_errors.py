@@ -104,6 +104,18 @@ def test_parameters_follow_the_dtype_of_their_tensors():
     # Python numbers: torch's default dtype, as before
     assert K.RBF(2, variance=2.0).variance.dtype == torch.get_default_dtype()
     assert Gaussian(0.1).variance.dtype == torch.get_default_dtype()
+    # ... and a layer moves its kernel, a model its likelihood, to the inducing inputs' dtype
+    layer = dgp.GPLayer(2, 1, inducing_points=Z, kernel=K.RBF(2))
+    model = dgp.DeepGP([layer], Gaussian(0.1))
+    assert {p.dtype for p in model.parameters()} == {DT}
+
+
+def test_fit_names_every_parameter_of_another_dtype():
+    X = torch.linspace(-1, 1, 12, dtype=DT).unsqueeze(-1)
+    model = dgp.DeepGP.regression(X, X[:, 0], num_layers=1, num_inducing=4)
+    model.likelihood.to(torch.float32)  # the first parameter (inducing inputs) is still DT
+    with pytest.raises(ValueError, match="likelihood"):
+        dgp.fit(model, MeanField(model), X, X[:, 0], num_steps=1, progress=False)
 
 
 # ------------------------------------------------------------------ 3. predict

@@ -121,10 +121,11 @@ def block_preconditioner(sizes: list[int], like: torch.Tensor) -> torch.Tensor:
     MeanField. Scaled by ``1/sqrt(n)``, the cross part of a row moves by about ``lr`` whatever
     its width.
     """
-    ids = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
-    cross = 1.0 / math.sqrt(sum(sizes))
-    scale = torch.where(ids[:, None] == ids[None, :], 1.0, cross)
-    return scale.to(dtype=like.dtype, device=like.device)
+    ids = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)).to(like.device)
+    same = ids[:, None] == ids[None, :]
+    cross = torch.full(same.shape, 1.0 / math.sqrt(sum(sizes)), dtype=like.dtype,
+                       device=like.device)
+    return torch.where(same, torch.ones_like(cross), cross)
 
 
 def _preconditioned_tril(raw: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
