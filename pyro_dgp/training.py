@@ -209,7 +209,8 @@ def fit(
     other = [(name, p) for name, p in model.named_parameters()
              if p.dtype != X.dtype or p.device != X.device]
     if other:
-        listed = ", ".join(f"{name} ({p.dtype} on {p.device})" for name, p in other[:4])
+        listed = ", ".join(f"{name.removesuffix('_unconstrained')} ({p.dtype} on {p.device})"
+                           for name, p in other[:4])
         raise ValueError(
             f"X is {X.dtype} on {X.device} but {len(other)} model parameter(s) are not: "
             f"{listed}; build the model from the same data or call model.to(...)"

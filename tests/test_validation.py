@@ -82,7 +82,8 @@ def test_fit_rejects_bad_settings(data, kwargs, match):
 def test_fit_rejects_data_of_another_dtype(data):
     X, y = data
     model = dgp.DeepGP.regression(X, y, num_inducing=5)
-    with pytest.raises(ValueError, match="torch.float32 .* but the model is torch.float64"):
+    expected = r"X is torch.float32 .* parameter\(s\) are not: .*inducing_points \(torch.float64"
+    with pytest.raises(ValueError, match=expected):
         dgp.fit(model, dgp.guides.MeanField(model), X.float(), y.float(), progress=False)
     with pytest.raises(ValueError, match="y is torch.float32 .* but X is torch.float64"):
         dgp.fit(model, dgp.guides.MeanField(model), X, y.float(), progress=False)
