@@ -108,6 +108,19 @@ def test_kl_autoguides_closed_form_and_monte_carlo():
         post, dist.MultivariateNormal(torch.zeros_like(post.loc), scale_tril=prior_scale)
     )
     assert sum(marg.values()) <= joint.item() + 1e-8
+    # each layer's KL is its block of the joint posterior against the layer's prior (torch)
+    lo = 0
+    for i, layer in enumerate(model.layers):
+        p = layer.prior().base_dist
+        D, M = p.loc.shape[-2:]
+        n = D * M
+        block = dist.MultivariateNormal(
+            post.loc[lo:lo + n], covariance_matrix=post.covariance_matrix[lo:lo + n, lo:lo + n])
+        prior = dist.MultivariateNormal(
+            p.loc.reshape(-1), scale_tril=torch.block_diag(*p.scale_tril.expand(D, M, M)))
+        ref = float(torch.distributions.kl_divergence(block, prior))
+        assert marg[f"layer{i + 1}"] == pytest.approx(ref, rel=1e-9)
+        lo += n
     # a flow has no per-layer Gaussian marginal nor per-site density
     iaf = dgp.complete(AutoIAFNormal(dgp.inducing_only(model), num_transforms=1), model)
     with torch.no_grad():
