@@ -158,7 +158,7 @@ class _JointDraw:
     def __init__(self, sample_fn):
         self.sample_fn, self.cache, self.latest = sample_fn, {}, None
 
-    def get(self, batch_shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def get(self, batch_shape: torch.Size) -> tuple:
         if batch_shape not in self.cache:
             self.cache[batch_shape] = self.sample_fn(batch_shape)
         self.latest = self.cache[batch_shape]
@@ -307,8 +307,9 @@ class JointGaussian(LayerGuide):
         general formula."""
         mean, R, d, logdet = self.factor()
         latest = self._draw.latest if hasattr(self, "_draw") else None
-        if d is None and latest is not None and latest[0].shape[:-1].numel() == v.shape[
-                :-1].numel() and torch.equal(latest[0].reshape(v.shape), v):
+        own = (d is None and latest is not None and latest[0].numel() == v.numel()
+               and torch.equal(latest[0].reshape(v.shape), v))
+        if own:
             eps = latest[2].reshape(v.shape)
             return -0.5 * (v.shape[-1] * math.log(2 * math.pi) + logdet + eps.square().sum(-1))
         if d is None:
