@@ -288,6 +288,13 @@ def initial_scale_tril(site: LayerSite, inner_variance: float) -> torch.Tensor:
         return scale * layer.kzz_cholesky()
 
 
+def log_density_of_noise(eps: torch.Tensor, log_det_cov: torch.Tensor) -> torch.Tensor:
+    """``(*batch,)`` log-density of the Gaussian draw ``x = loc + L eps`` (``eps (*batch, n)``
+    standard normal, ``log_det_cov = log det L L^T``), from its noise: ``-(n log 2 pi +
+    log det + |eps|^2) / 2``, the general formula without its triangular solve."""
+    return -0.5 * (eps.shape[-1] * math.log(2 * math.pi) + log_det_cov + eps.square().sum(-1))
+
+
 class _OwnDrawMVN(dist.MultivariateNormal):
     """A multivariate normal that scores its latest draw ``x = loc + L e`` from ``e``.
 
@@ -311,10 +318,8 @@ class _OwnDrawMVN(dist.MultivariateNormal):
         own = self.__dict__.get("_own_draw")
         if own is None or value is not own[0]:
             return super().log_prob(value)
-        eps = own[1]
-        half_log_det = self._unbroadcasted_scale_tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
-        M = self._event_shape[0]
-        return -0.5 * (M * math.log(2 * math.pi) + eps.square().sum(-1)) - half_log_det
+        log_det = 2 * self._unbroadcasted_scale_tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+        return log_density_of_noise(own[1], log_det)
 
 
 def mvn_site(loc: torch.Tensor, scale_tril: torch.Tensor) -> dist.Distribution:

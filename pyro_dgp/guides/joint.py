@@ -47,7 +47,7 @@ from ..conditional import _solve
 from ..layer import _drop_data_dim
 from ..linalg import CholeskyError
 from ..validation import check_positive_finite, check_positive_int
-from .base import LayerGuide, LayerSite, initial_scale_tril
+from .base import LayerGuide, LayerSite, initial_scale_tril, log_density_of_noise
 from .meanfield import deep_getattr
 
 __all__ = ["Chain", "Coupled", "JointGaussian", "gaussian_kl_to_layer_prior"]
@@ -301,17 +301,15 @@ class JointGaussian(LayerGuide):
         """``(*batch,)`` log-density under ``q`` of joint values ``v (*batch, T)`` (every
         layer's ``vec u^l``, in layer order).
 
-        The guide's own latest shared draw is scored from its noise, ``-(T log 2 pi + log det
-        Cov + |eps|^2) / 2``, without the triangular solve that an ill-conditioned factor
-        would spoil (as :class:`~pyro_dgp.guides.base._OwnDrawMVN`); other values by the
-        general formula."""
+        The guide's own latest shared draw is scored from its noise
+        (:func:`~pyro_dgp.guides.base.log_density_of_noise`), without the triangular solve that
+        an ill-conditioned factor would spoil; other values by the general formula."""
         mean, R, d, logdet = self.factor()
         latest = self._draw.latest if hasattr(self, "_draw") else None
         own = (d is None and latest is not None and latest[0].numel() == v.numel()
                and torch.equal(latest[0].reshape(v.shape), v))
         if own:
-            eps = latest[2].reshape(v.shape)
-            return -0.5 * (v.shape[-1] * math.log(2 * math.pi) + logdet + eps.square().sum(-1))
+            return log_density_of_noise(latest[2].reshape(v.shape), logdet)
         if d is None:
             return dist.MultivariateNormal(mean, scale_tril=R).log_prob(v)
         return dist.LowRankMultivariateNormal(mean, R, d).log_prob(v)
