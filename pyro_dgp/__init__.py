@@ -6,10 +6,11 @@
 >>> pred = predict(model, guide, X_test, num_samples=100)
 """
 
-from . import arviz, datasets, diagnostics, guides, kernels, likelihoods, metrics
+from . import arviz, datasets, diagnostics, guides, importance, kernels, likelihoods, metrics
 from .arviz import compare_guides, load_datatree, save_datatree, to_datatree, variational_pareto_k
 from .diagnostics import layer_summary, plot_diagnostics
 from .guides import complete, inducing_only
+from .importance import importance_weights
 from .layer import GPLayer
 from .linalg import CholeskyError, NumericalWarning
 from .model import DeepGP
@@ -39,6 +40,8 @@ __all__ = [
     "datasets",
     "fit",
     "guides",
+    "importance",
+    "importance_weights",
     "inducing_only",
     "kernels",
     "likelihoods",

@@ -55,6 +55,7 @@ from pyro.poutine.util import site_is_subsample
 from .guides.base import shared_draws
 from .layer import LAYER, marginal_of, site_role
 from .likelihoods import _Expected
+from .prediction import set_up_guide
 from .rng import seeded
 from .validation import check_inputs, check_positive_int
 
@@ -230,6 +231,7 @@ def to_datatree(
     args = (X,) if y is None else (X, y)
     if grid is not None:
         check_inputs(grid, X.shape[-1], "grid")
+    set_up_guide(guide, (X,), seed, X.device)  # not inside the seeded draws: it uses the RNG
     with torch.no_grad(), seeded(seed, X.device):
         gtrace = _trace_guide(guide, (X,), S)
         mtrace = _trace_model(model, gtrace, args, S)
@@ -586,6 +588,7 @@ def variational_pareto_k(
     """
     check_inputs(X)
     S = check_positive_int(num_samples, "num_samples")
+    set_up_guide(guide, (X,), seed, X.device)  # not inside the seeded draws: it uses the RNG
     with torch.no_grad(), seeded(seed, X.device):
         gtrace = _trace_guide(guide, (X,), S)
         log_q = guide_log_density(guide, gtrace, S)

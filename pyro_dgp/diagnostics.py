@@ -28,6 +28,7 @@ from pyro.infer import autoguide
 from .arviz import _trace_guide, f_sites, to_datatree
 from .guides.joint import gaussian_kl_to_layer_prior
 from .layer import LAYER
+from .prediction import set_up_guide
 from .rng import seeded
 
 __all__ = [
@@ -44,32 +45,37 @@ SAMPLE_DIMS = ("chain", "draw")
 
 
 # ------------------------------------------------------------------------------------ KL
-def _gaussian_kl(loc: torch.Tensor, cov: torch.Tensor | None, layer, tril=None,
+def _gaussian_kl(loc: torch.Tensor, layer, rows=None, tril=None,
                  random_Z: bool = False) -> float:
     """``KL(q || p(u))`` for the flattened ``(D * M,)`` inducing outputs of ``layer``
-    (row-major ``(D, M)``; the prior is block diagonal over the D rows), with ``q`` given by
-    its ``cov (DM, DM)`` or, better, by per-row Cholesky factors ``tril (D, M, M)`` (a
-    block-diagonal ``q``): refactorising ``tril tril^T`` loses the small eigenvalues' digits.
+    (row-major ``(D, M)``; the prior is block diagonal over the D rows), with ``Cov q`` given
+    by per-row Cholesky factors ``tril (D, M, M)`` (a block-diagonal ``q``) or by any factor's
+    rows ``rows (D M, K)``, ``Cov q = rows rows^T``.
+
+    ``Cov q`` itself is never formed and refactorised: that squares the factor's condition
+    number and fails (or loses the small eigenvalues' digits) once training has made the
+    factor ill-conditioned. Where a triangular factor of a block is needed it comes from a QR
+    decomposition of the block's rows, ``rows_b rows_b^T = r^T r``.
 
     With ``random_Z`` the layer's prior is batched over draws of its inducing inputs (set by
     ``layer.given_inducing_inputs``) and the KL is averaged over them."""
     with torch.no_grad():
         if tril is not None:
-            L = torch.block_diag(*tril)
             blocks = tril
+            logdet = 2 * tril.diagonal(dim1=-2, dim2=-1).abs().log().sum()
+            rows = torch.block_diag(*tril)
         else:
-            L = torch.linalg.cholesky(cov)
+            logdet = 2 * _triangular_of_rows(rows).diagonal().abs().log().sum()
             blocks = None
-        logdet = 2 * L.diagonal().log().sum()
         if not random_Z:
-            return float(gaussian_kl_to_layer_prior([layer], loc.reshape(-1), L, logdet_S=logdet))
+            return float(gaussian_kl_to_layer_prior([layer], loc.reshape(-1), rows,
+                                                    logdet_S=logdet))
         prior = layer.prior().base_dist  # batch (S, 1, D), event M
         D, M = prior.loc.shape[-2:]
         p_loc = prior.loc.reshape(-1, D, M)
         p_tril = prior.scale_tril.reshape(-1, D, M, M)
-        if blocks is None:  # Cholesky factors of the diagonal blocks S_dd of S
-            blocks = torch.linalg.cholesky(torch.stack(
-                [cov[d * M:(d + 1) * M, d * M:(d + 1) * M] for d in range(D)]))
+        if blocks is None:  # triangular factors of the diagonal blocks S_dd of S
+            blocks = _triangular_of_rows(rows.reshape(D, M, -1))
         # gaussian_kl_to_layer_prior's formula, batched over the draws of Z: that function
         # takes a (DM, T) factor, which over S draws would cost S D M T memory (1.3 GB for
         # S = 256, D = 8, M = 100) where the per-row blocks cost S D M^2.
@@ -83,6 +89,16 @@ def _gaussian_kl(loc: torch.Tensor, cov: torch.Tensor | None, layer, tril=None,
         return float(kl.mean())
 
 
+def _triangular_of_rows(rows: torch.Tensor) -> torch.Tensor:
+    """``(..., n, n)`` lower-triangular ``L`` with ``L L^T = rows rows^T`` for ``rows
+    (..., n, K)``, ``K >= n``, from the QR decomposition ``rows^T = Q r`` (``L = r^T``, its
+    diagonal of either sign); singular (a zero on the diagonal) where ``K < n``."""
+    n, K = rows.shape[-2:]
+    if K < n:  # rank-deficient: pad to a square factor, whose log det is -inf
+        rows = torch.cat([rows, rows.new_zeros(rows.shape[:-1] + (n - K,))], -1)
+    return torch.linalg.qr(rows.mT, mode="r")[1].mT
+
+
 def _real_support(site) -> bool:
     c = site["fn"].support
     while hasattr(c, "base_constraint"):
@@ -91,7 +107,10 @@ def _real_support(site) -> bool:
 
 
 def _completed_gaussians(inner, names: list[str]) -> dict:
-    """``{u_site: (loc, cov)}`` of the Gaussian marginals of a Pyro autoguide, where known."""
+    """``{u_site: (loc (n,), {"tril": (D, M, M)} or {"rows": (n, K)})}``: the Gaussian
+    marginals of a Pyro autoguide where known, each by a factor of its covariance (see
+    :func:`_gaussian_kl`): per-row triangular blocks for a diagonal ``q``, else the block's rows
+    of the joint factor."""
     out = {}
     if isinstance(inner, autoguide.AutoNormal):
         for name in names:
@@ -101,7 +120,8 @@ def _completed_gaussians(inner, names: list[str]) -> dict:
                 continue
             site = inner.prototype_trace.nodes.get(name)
             if site is not None and _real_support(site):
-                out[name] = (loc.reshape(-1), torch.diag(scale.reshape(-1) ** 2))
+                M = site["value"].shape[-1]
+                out[name] = (loc.reshape(-1), {"tril": torch.diag_embed(scale.reshape(-1, M))})
         return out
     if not isinstance(inner, autoguide.AutoContinuous) or inner.prototype_trace is None:
         return out
@@ -112,18 +132,25 @@ def _completed_gaussians(inner, names: list[str]) -> dict:
     base = post
     while isinstance(base, torch.distributions.Independent):
         base = base.base_dist
-    if isinstance(base, torch.distributions.Normal):
-        mean, cov = base.loc.reshape(-1), torch.diag(base.scale.reshape(-1) ** 2)
-    elif hasattr(base, "covariance_matrix") and hasattr(base, "loc"):
-        mean, cov = base.loc, base.covariance_matrix
-    else:
+    low_rank = isinstance(base, torch.distributions.LowRankMultivariateNormal)
+    if not (isinstance(base, torch.distributions.Normal) or low_rank
+            or isinstance(base, torch.distributions.MultivariateNormal)):
         return out  # e.g. a normalising flow: not Gaussian
+    mean = base.loc.reshape(-1)
     pos = 0
     for name, site in inner.prototype_trace.iter_stochastic_nodes():
         size = math.prod(inner._unconstrained_shapes[name])
         if name in names and _real_support(site):
             sl = slice(pos, pos + size)
-            out[name] = (mean[sl], cov[sl, sl])
+            if isinstance(base, torch.distributions.Normal):
+                M = site["value"].shape[-1]
+                factor = {"tril": torch.diag_embed(base.scale.reshape(-1)[sl].reshape(-1, M))}
+            elif low_rank:  # rows of [W | diag(sqrt d)], whose product is W W^T + diag d
+                factor = {"rows": torch.cat(
+                    [base.cov_factor[sl], torch.diag(base.cov_diag[sl].sqrt())], -1)}
+            else:  # the joint lower-triangular factor: the block's columns end at its own
+                factor = {"rows": base.scale_tril[sl, : sl.stop]}
+            out[name] = (mean[sl], factor)
         pos += size
     return out
 
@@ -152,6 +179,7 @@ def layer_kl(
     from .guides import JointGaussian, MeanField
 
     if trace is None:
+        set_up_guide(guide, (X,), seed, X.device)  # not inside the seeded draws: it uses the RNG
         with torch.no_grad(), seeded(seed, X.device):
             trace = _trace_guide(guide, (X,), num_samples)
     layers = _layers_of(trace)
@@ -160,7 +188,7 @@ def layer_kl(
     if isinstance(guide, MeanField):
         for site in guide.layer_sites:
             loc, tril = guide.q_params(site)
-            gaussians[site.name] = (loc.reshape(-1), None, tril)
+            gaussians[site.name] = (loc.reshape(-1), {"tril": tril})
     elif isinstance(guide, JointGaussian):  # Coupled, Chain: each layer's block, factored
         with torch.no_grad():
             for site in guide.layer_sites:
@@ -180,9 +208,8 @@ def layer_kl(
             if uname in closed_form:
                 out[lname] = closed_form[uname]
             elif uname in gaussians:
-                loc, cov, *tril = gaussians[uname]
-                out[lname] = _gaussian_kl(loc, cov, layer, tril=tril[0] if tril else None,
-                                          random_Z=Z is not None)
+                loc, factor = gaussians[uname]
+                out[lname] = _gaussian_kl(loc, layer, **factor, random_Z=Z is not None)
             else:
                 out[lname] = _mc_kl(trace, lname, layer)
         below = (lname, layer)

@@ -39,7 +39,7 @@ from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.trace_messenger import TraceMessenger
 from pyro.poutine.util import prune_subsample_sites
 
-from .guides.base import LayerGuide
+from .guides.base import LayerGuide, _is_vectorising
 
 __all__ = ["AnalyticKL_ELBO"]
 
@@ -55,6 +55,23 @@ def _log_prob_sum(site: dict) -> torch.Tensor:
         return site["log_prob_sum"]
     log_p = site["fn"].log_prob(site["value"], *site["args"], **site["kwargs"])
     return scale_and_mask(log_p, site["scale"], site["mask"]).sum()
+
+
+def _uncovered_latent_message(name: str, site: dict) -> str:
+    """Why a latent model site without a guide site cannot enter the analytic-KL ELBO."""
+    plates = [f.name for f in site["cond_indep_stack"] if not _is_vectorising(f)]
+    where = (f"a local (per-point) latent inside the plate(s) {plates}" if plates
+             else "a latent site")
+    return (
+        f"AnalyticKL_ELBO: the model's site '{name}' is {where} that the guide does not "
+        "sample, so the ELBO has no q for it (no KL term to take). The library's layer guides "
+        "cover only the GP layers' '<layer>.u' / '<layer>.f' sites (and, through complete(), "
+        "the global latents of the inner guide), not a model's own per-point latents. Give "
+        f"'{name}' a fixed value (obs=... or poutine.condition), integrate it out of the "
+        "model (e.g. into the likelihood), or train with Trace_ELBO knowingly: it then draws "
+        f"'{name}' from its prior and adds log p({name}), which is not the ELBO of the model "
+        "with that latent."
+    )
 
 
 def _single_pass(model, guide) -> bool:
@@ -105,7 +122,9 @@ class AnalyticKL_ELBO(TraceMeanField_ELBO):  # noqa: N801 (Pyro's naming of ELBO
             if site["is_observed"]:
                 elbo = elbo + _log_prob_sum(site)
                 continue
-            guide_site = guide_trace.nodes[name]
+            guide_site = guide_trace.nodes.get(name)
+            if guide_site is None:
+                raise ValueError(_uncovered_latent_message(name, site))
             if is_validation_enabled():
                 check_fully_reparametrized(guide_site)
             try:

@@ -24,6 +24,7 @@ import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
 from pyro.distributions.kl import _kl_independent_independent
+from pyro.distributions.torch_distribution import MaskedDistribution
 from pyro.distributions.util import broadcast_shape
 from pyro.infer.util import is_validation_enabled
 from pyro.nn import PyroModule, PyroParam
@@ -44,7 +45,9 @@ __all__ = [
     "FunctionMarginal",
     "GPLayer",
     "LayerConditional",
+    "marginal_given_draw",
     "marginal_of",
+    "masked_out",
     "sample_hyperparameters",
     "site_role",
 ]
@@ -53,6 +56,7 @@ __all__ = [
 ROLE, LAYER, INPUT, INDUCING = "dgp_role", "dgp_layer", "dgp_input", "dgp_u"
 SAMPLED_U_ONLY = "dgp_sampled_u_only"
 _MARGINAL_ATTR = "_pyro_dgp_marginal"
+_GIVEN_DRAW_ATTR = "_pyro_dgp_given_draw"
 
 
 def site_role(msg: dict) -> str | None:
@@ -60,19 +64,33 @@ def site_role(msg: dict) -> str | None:
     return (msg.get("infer") or {}).get(ROLE)
 
 
-def attach_marginal(value: torch.Tensor, loc: torch.Tensor, var: torch.Tensor) -> None:
+def attach_marginal(value: torch.Tensor, loc: torch.Tensor, var: torch.Tensor,
+                    given_draw: bool = False) -> None:
     """Record on a sampled ``f`` the Gaussian ``N(loc, var)`` it was drawn from.
 
     A guide attaches it where that Gaussian is exact given everything else the guide drew, so a
     likelihood may replace ``log p(y | f)`` by its expectation under it (Rao-Blackwellisation:
     same expectation, lower variance). A value without it is just a sample.
+
+    :param given_draw: ``N(loc, var)`` is the model's own ``p(f | u, f_prev)`` at the run's
+        drawn ``u`` and inputs (not a collapsed ``q(f)``): then ``log int p(y | f) N(f; loc,
+        var) df`` is ``log p(y | draw)`` and the likelihood scores that (see
+        :func:`marginal_given_draw`).
     """
     setattr(value, _MARGINAL_ATTR, (loc, var))
+    if given_draw:
+        setattr(value, _GIVEN_DRAW_ATTR, True)
 
 
 def marginal_of(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The ``(loc, var)`` attached by :func:`attach_marginal`, or ``None``."""
     return getattr(value, _MARGINAL_ATTR, None)
+
+
+def marginal_given_draw(value: torch.Tensor) -> bool:
+    """Whether the marginal attached to ``value`` is ``p(f | u, f_prev)`` at the run's own draw
+    (``attach_marginal(..., given_draw=True)``), not a collapsed ``q(f)``."""
+    return getattr(value, _GIVEN_DRAW_ATTR, False)
 
 
 def sample_hyperparameters(module: torch.nn.Module) -> None:
@@ -148,26 +166,46 @@ def _kl_to_whitened_prior(p, q):
     return kl.expand(torch.broadcast_shapes(p.batch_shape, q.batch_shape))
 
 
+class _MaskedOut(MaskedDistribution):
+    """``fn.mask(False)`` whose zero log-density has the value's dtype: Pyro's is float32
+    whatever the value, which ``TraceEnum_ELBO``'s contraction rejects beside float64 terms."""
+
+    def log_prob(self, value):
+        if self._mask is not False:
+            return super().log_prob(value)
+        shape = broadcast_shape(self.base_dist.batch_shape,
+                                value.shape[: value.dim() - self.event_dim])
+        return value.new_zeros(()).expand(shape)
+
+
+def masked_out(fn: dist.TorchDistribution) -> MaskedDistribution:
+    """``fn`` with its log-density masked to zero (a ``<layer>.f`` site: DESIGN.md contract 2)."""
+    return _MaskedOut(fn, False)
+
+
 class FunctionMarginal(dist.Independent):
     """``N(loc, var)`` per point and output, event shape ``(D_out,)``.
 
     Its reparameterised samples carry their ``(loc, var)`` (see :func:`attach_marginal`).
     """
 
-    def __init__(self, loc: torch.Tensor, var: torch.Tensor, validate_args=None):
+    def __init__(self, loc: torch.Tensor, var: torch.Tensor, given_draw: bool = False,
+                 validate_args=None):
         super().__init__(dist.Normal(loc, var.sqrt(), validate_args=False), 1,
                          validate_args=False)
         self.var = var  # kept, rather than recomputed as scale**2 (an extra autograd node)
+        self.given_draw = given_draw
 
     def rsample(self, sample_shape=torch.Size()):
         value = super().rsample(sample_shape)
         if not sample_shape:
-            attach_marginal(value, self.base_dist.loc, self.var)
+            attach_marginal(value, self.base_dist.loc, self.var, self.given_draw)
         return value
 
     def expand(self, batch_shape, _instance=None):
         shape = torch.Size(batch_shape) + self.event_shape
-        return FunctionMarginal(self.base_dist.loc.expand(shape), self.var.expand(shape))
+        return FunctionMarginal(self.base_dist.loc.expand(shape), self.var.expand(shape),
+                                self.given_draw)
 
 
 class LayerConditional(dist.TorchDistribution):
@@ -189,7 +227,7 @@ class LayerConditional(dist.TorchDistribution):
     def marginal(self) -> FunctionMarginal:
         if self._marginal is None:
             loc, var = self.layer.conditional(self.x, self.u)
-            self._marginal = FunctionMarginal(loc, var).expand(self.batch_shape)
+            self._marginal = FunctionMarginal(loc, var, given_draw=True).expand(self.batch_shape)
         return self._marginal
 
     def rsample(self, sample_shape=torch.Size()):
@@ -308,6 +346,13 @@ class GPLayer(PyroModule):
         self._random_Z = None  # inducing inputs of the current call when they are random
         self.inducing_outputs = None  # (..., M, D_out) f(Z) of the last call, function_values
         self.feeds_inducing_inputs = False  # set by models whose next layer uses f(Z) as its Z
+
+    def __getstate__(self):
+        # copy / pickle / torch.save: without the last call's f(Z), which holds that call's
+        # autograd graph (read only within the call, by the model's next layer)
+        state = super().__getstate__()
+        state["inducing_outputs"] = None
+        return state
 
     # ----------------------------------------------------------------------------- structure
     def _parse_mean(self, mean, Z: torch.Tensor):
@@ -501,7 +546,7 @@ class GPLayer(PyroModule):
             if plate is None:
                 plate = pyro.plate(f"{name}.data", x.shape[-2], dim=-1)
             with plate:
-                fn = LayerConditional(self, x, u).mask(False)
+                fn = masked_out(LayerConditional(self, x, u))
                 infer = {ROLE: "f", LAYER: self, INPUT: x, INDUCING: u}
                 if self.feeds_inducing_inputs:
                     # u is also the next layer's inducing input: guides must draw f given the

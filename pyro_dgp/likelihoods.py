@@ -5,7 +5,10 @@ observation site. Where the guide attached the Gaussian ``N(loc, var)`` that ``f
 from (see :func:`pyro_dgp.layer.attach_marginal`), the site scores ``E_{N(f; loc, var)} log
 p(y | f)`` instead of ``log p(y | f)`` (DSVI's analytic last layer, DESIGN.md contract 4):
 closed form for the Gaussian, exact 1-D integrals on fixed log-scale trapezoid grids for the
-Student-t, Gauss-Hermite otherwise.
+Student-t, Gauss-Hermite otherwise. Where that Gaussian is ``p(f | u, f_prev)`` at a guide's
+own draw (guides whose runs are importance weights, ``per_draw_weights``), inside
+:func:`pyro_dgp.importance.importance_weights` it scores ``log int p(y | f) N(f; loc, var) df
+= log p(y | draw)`` instead (see :class:`_Expected`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from pyro.infer.util import is_validation_enabled
 from pyro.nn import PyroModule, PyroParam
 from torch.special import log_ndtr, ndtr
 
-from .layer import marginal_of
+from .importance import importance_weighting
+from .layer import marginal_given_draw, marginal_of
 from .validation import check_positive_finite, check_targets, positive_tensor, unique_name
 
 __all__ = [
@@ -169,7 +173,17 @@ class _FrullaniLog1p(torch.autograd.Function):
 
 
 class _Expected(dist.TorchDistribution):
-    """Observation site whose ``log_prob(y)`` is ``E_{N(f; loc, var)} log p(y | f)``.
+    """Observation site of a last layer whose ``f`` carries its Gaussian ``N(f; loc, var)``.
+
+    ``log_prob(y)`` is ``E_{N(f; loc, var)} log p(y | f)`` (DSVI's analytic last layer), or,
+    with ``integrated=True``, ``log int p(y | f) N(f; loc, var) df``: where ``N(loc, var)`` is
+    the model's own ``p(f | u, f_prev)`` at a guide's draw, that is ``log p(y | draw)``, so a
+    run's log-densities sum to the draw's importance weight (Rao-Blackwellised over the last
+    layer), as ``RenyiELBO``, IWAE and ``pyro.infer.Importance`` need (see
+    :mod:`pyro_dgp.importance`; the expectation is lower, by a draw-dependent amount).
+
+    ``sample()`` draws ``y ~ p(y | f)`` at the trace's own ``f`` (so ``y`` and the recorded
+    ``f`` are one joint draw).
 
     Its density is evaluated when the loss is summed, after the model's call, where the
     likelihood's ``PyroSample`` hyperparameters would be fresh prior draws and its
@@ -180,8 +194,10 @@ class _Expected(dist.TorchDistribution):
     support = constraints.real
 
     def __init__(self, likelihood: Likelihood, loc: torch.Tensor, var: torch.Tensor,
-                 hyperparameters: dict | None = None):
-        self.likelihood, self.loc, self.var = likelihood, loc, var
+                 hyperparameters: dict | None = None, f: torch.Tensor | None = None,
+                 integrated: bool = False):
+        self.likelihood, self.loc, self.var, self.f = likelihood, loc, var, f
+        self.integrated = integrated
         self.hyperparameters = (likelihood.hyperparameters() if hyperparameters is None
                                 else hyperparameters)
         batch_shape = loc.shape
@@ -189,16 +205,22 @@ class _Expected(dist.TorchDistribution):
 
     def expand(self, batch_shape, _instance=None):
         batch_shape = torch.Size(batch_shape)
+        f = None if self.f is None else self.f.expand(batch_shape)
         return _Expected(self.likelihood, self.loc.expand(batch_shape),
-                         self.var.expand(batch_shape), self.hyperparameters)
+                         self.var.expand(batch_shape), self.hyperparameters, f, self.integrated)
 
     def log_prob(self, value):
         with self.likelihood.fixed(self.hyperparameters):
+            if self.integrated:
+                return self.likelihood.predictive_log_prob(value, self.loc, self.var)
             return self.likelihood.expected_log_prob(value, self.loc, self.var)
 
     def sample(self, sample_shape=torch.Size()):
         with torch.no_grad(), self.likelihood.fixed(self.hyperparameters):
-            f = dist.Normal(self.loc, self.var.sqrt()).sample(sample_shape)
+            if self.f is None:
+                f = dist.Normal(self.loc, self.var.sqrt()).sample(sample_shape)
+            else:
+                f = self.f.expand(torch.Size(sample_shape) + self.f.shape)
             return self.likelihood.conditional(f).sample()
 
 
@@ -269,7 +291,9 @@ class Likelihood(PyroModule):
         marginal = marginal_of(f)
         if marginal is not None:
             loc, var = (t.squeeze(-1) for t in marginal)
-            fn = _Expected(self, loc, var)  # reads the hyperparameters now, in this call
+            # reads the hyperparameters now, in this call
+            integrated = marginal_given_draw(f) and importance_weighting()
+            fn = _Expected(self, loc, var, f=f.squeeze(-1), integrated=integrated)
         else:
             fn = self.conditional(f.squeeze(-1))
         return pyro.sample(name, fn, obs=y)

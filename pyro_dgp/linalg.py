@@ -6,7 +6,7 @@ import warnings
 
 import torch
 
-__all__ = ["CholeskyError", "NumericalWarning", "cholesky", "default_jitter"]
+__all__ = ["MAX_JITTER", "CholeskyError", "NumericalWarning", "cholesky", "default_jitter"]
 
 
 class CholeskyError(RuntimeError):
@@ -22,17 +22,25 @@ def default_jitter(dtype: torch.dtype) -> float:
     return 1e-6 if dtype == torch.float64 else 1e-5
 
 
+#: the largest relative jitter an escalation tries: beyond it the "fix" changes the model
+#: (at 1e-1 a kernel matrix gets a tenth of its mean variance as extra nugget) rather than
+#: rounding, and a fit would go on silently degraded
+MAX_JITTER = 1e-2
+
+
 def cholesky(
     K: torch.Tensor,
     jitter: float | None = None,
     max_tries: int = 5,
     name: str = "covariance",
+    max_jitter: float = MAX_JITTER,
 ) -> torch.Tensor:
     """Lower Cholesky factor of ``K + jitter * mean(diag K) * I``.
 
     :param K: ``(..., M, M)`` symmetric positive semi-definite matrices.
     :param jitter: relative diagonal jitter; ``None`` picks :func:`default_jitter`.
-    :param max_tries: each failure multiplies the jitter by 10; after ``max_tries`` retries a
+    :param max_tries: each failure multiplies the jitter by 10; after ``max_tries`` retries, or
+        once the jitter would exceed ``max_jitter`` (relative, default :data:`MAX_JITTER`), a
         :class:`CholeskyError` naming ``name`` (the layer) is raised.
     :returns: ``(..., M, M)`` lower-triangular ``L`` with ``L L^T = K + jitter mean(diag K) I``
         (the jitter of the last try).
@@ -42,7 +50,7 @@ def cholesky(
     eye = torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
     scale = K.diagonal(dim1=-2, dim2=-1).mean(-1).clamp_min(torch.finfo(K.dtype).tiny)
     scale = scale[..., None, None]
-    current = jitter
+    current, tried = jitter, jitter
     for attempt in range(max_tries + 1):
         L, info = torch.linalg.cholesky_ex(K + (current * scale) * eye)
         if not bool(info.any()):
@@ -58,9 +66,13 @@ def cholesky(
             # checked only on failure (NaN/inf make the factorisation fail): no extra pass and
             # host sync over K on the hot path
             raise CholeskyError(f"{name}: the covariance matrix contains NaN or inf")
+        tried = current
         current = max(current, 1e-12) * 10
+        if current > max_jitter * (1 + 1e-9):
+            break
     raise CholeskyError(
-        f"{name}: Cholesky failed even with relative jitter {current / 10:.1e} after "
-        f"{max_tries} retries; the kernel matrix is not positive definite (check for duplicate "
-        "inducing points, tiny lengthscales or a float32 model that needs float64)"
+        f"{name}: Cholesky failed even with relative jitter {tried:.1e}; the kernel matrix "
+        "is not positive definite (check for duplicate inducing points, tiny lengthscales, "
+        "inputs far from the origin or on a large scale (standardise them), or a float32 "
+        "model that needs float64)"
     )

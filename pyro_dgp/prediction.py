@@ -8,6 +8,7 @@ import pyro
 import torch
 from pyro import poutine
 from pyro.distributions import MaskedDistribution
+from pyro.infer.autoguide import AutoGuide
 from torch.special import ndtr
 
 from .guides.base import LayerGuide, shared_draws
@@ -176,6 +177,28 @@ def _last_marginal(trace, site_name: str | None):
     return marginal
 
 
+def set_up_guide(guide, args: tuple, seed: int | None, device) -> None:
+    """Set ``guide`` up (its parameters, from a prototype trace of the model: a first call's
+    work) before seeded draws are taken from it.
+
+    The set-up draws from the random stream (the prototype runs the model, an autoguide may
+    initialise from prior draws), so done inside the seeded block it would shift the draws
+    of a first call with ``seed`` against every later one. Here it runs in a block of its own,
+    seeded by ``seed`` (the caller's random state untouched) and then reseeded for the draws
+    themselves. A library guide or a Pyro autoguide that is already set up, or any other
+    callable, is left alone.
+    """
+    if isinstance(guide, LayerGuide):
+        ready = guide._set_up and getattr(guide, "_inner_ready", True)  # complete(): inner too
+    elif isinstance(guide, AutoGuide):
+        ready = guide.prototype_trace is not None
+    else:
+        return
+    if not ready:
+        with torch.no_grad(), seeded(seed, device), poutine.block(), shared_draws(guide):
+            guide(*args)
+
+
 def predict(
     model,
     guide,
@@ -209,6 +232,7 @@ def predict(
     last = model.layers[-1].name + ".f" if hasattr(model, "layers") else None
     one_pass = isinstance(guide, LayerGuide) and guide.model is model
     locs, vars_, hypers = [], [], []
+    set_up_guide(guide, (X[..., :batch_size, :],), seed, X.device)
     # one U per draw for all points: per-point draws (a training estimator) would give the
     # same per-point mixtures at O(N) times the sampling cost
     with torch.no_grad(), seeded(seed, X.device), shared_draws(guide):

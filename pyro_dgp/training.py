@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from .elbo import AnalyticKL_ELBO
 from .guides.base import LayerGuide
+from .importance import RenyiELBO as ImportanceRenyiELBO
 from .linalg import CholeskyError
 from .validation import check_inputs, check_positive_int, check_targets
 
@@ -49,22 +50,30 @@ _OBJECTIVES = {
     "meanfield": lambda p, v: AnalyticKL_ELBO(
         num_particles=p, vectorize_particles=v, max_plate_nesting=1
     ),
-    "renyi": lambda p, v: RenyiELBO(alpha=0.5, num_particles=max(p, 2),
-                                    vectorize_particles=v, max_plate_nesting=1),
+    "renyi": lambda p, v: ImportanceRenyiELBO(alpha=0.5, num_particles=max(p, 2),
+                                              vectorize_particles=v, max_plate_nesting=1),
 }
 
 
 def make_objective(objective, guide, num_particles: int = 1) -> ELBO:
     """An ELBO instance from a name (``"auto"``, ``"elbo"``, ``"meanfield"``, ``"renyi"``) or
-    an instance (returned as is). ``"auto"`` is ``"meanfield"`` for guides that factorise like
-    the prior, else ``"elbo"`` (Trace_ELBO). ``"meanfield"`` is
-    :class:`~pyro_dgp.elbo.AnalyticKL_ELBO`: TraceMeanField_ELBO's estimator (analytic KL),
-    without the log-densities it discards."""
+    an instance (returned as is, except that Pyro's ``RenyiELBO`` becomes
+    :class:`pyro_dgp.importance.RenyiELBO` with the same settings: exact per-draw weights).
+    ``"auto"`` is ``"meanfield"`` for guides that factorise like the prior, else ``"elbo"``
+    (Trace_ELBO). ``"meanfield"`` is :class:`~pyro_dgp.elbo.AnalyticKL_ELBO`:
+    TraceMeanField_ELBO's estimator (analytic KL), without the log-densities it discards.
+    ``"renyi"`` is :class:`pyro_dgp.importance.RenyiELBO` (alpha 0.5)."""
     if isinstance(objective, ELBO):
         if isinstance(objective, TraceMeanField_ELBO):
             _warn_mean_field(guide)
         if isinstance(objective, RenyiELBO):
             _check_per_draw_weights(guide)
+            if not isinstance(objective, ImportanceRenyiELBO):
+                # the same settings, evaluated with exact per-draw weights (pyro_dgp.importance)
+                objective = ImportanceRenyiELBO(
+                    alpha=objective.alpha, num_particles=objective.num_particles,
+                    max_plate_nesting=objective.max_plate_nesting,
+                    vectorize_particles=objective.vectorize_particles)
         return objective
     num_particles = check_positive_int(num_particles, "num_particles")
     if objective == "auto":
@@ -110,6 +119,21 @@ def _parameters(*modules) -> list[torch.nn.Parameter]:
                 seen.add(id(p))
                 out.append(p)
     return out
+
+
+def _drop_non_finite_moments(opt: torch.optim.Optimizer) -> None:
+    """Zero the non-finite entries of an optimiser's state tensors (Adam's moments).
+
+    A divergence is seen one step late: the update that made the parameters non-finite came
+    from a non-finite gradient, which also entered the moments. The parameters are restored
+    from the step before; the moments are not kept per step (a copy of the optimiser's state
+    at every step would cost more than the parameters' own), so their poisoned entries restart
+    from zero, as for a parameter that has not been updated yet, and a resumed run (at a
+    smaller ``lr``, say) can go on."""
+    for state in opt.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim():
+                torch.nan_to_num_(value, nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def make_optimizer(optimizer: type[torch.optim.Optimizer], params, lr: float):
@@ -307,6 +331,7 @@ def fit(
                 with torch.no_grad():
                     for p, good in zip(params, last_good, strict=True):
                         p.copy_(good)
+                    _drop_non_finite_moments(opt)
                 save(step, step_rng)
                 what = f"the loss became {loss}" if failure is None else f"{failure}"
                 raise TrainingDivergedError(

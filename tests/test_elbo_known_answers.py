@@ -164,9 +164,10 @@ def test_renyi_bound_at_the_exact_posterior_is_the_marginal_likelihood(alpha):
     model, guide, X, y, exact = _exact_posterior(whiten=True, collapsed=False)
     renyi = RenyiELBO(alpha=alpha, num_particles=20, vectorize_particles=True,
                       max_plate_nesting=1)
-    assert dgp.training.make_objective(renyi, guide) is renyi
+    ours = dgp.training.make_objective(renyi, guide)
+    assert isinstance(ours, dgp.importance.RenyiELBO) and ours.alpha == alpha
     pyro.set_rng_seed(0)
-    bound = -renyi.loss(model, guide, X, y)
+    bound = -ours.loss(model, guide, X, y)
     assert abs(bound - exact) / abs(exact) < 1e-6, (bound, exact)
     model, guide, X, y, exact = _exact_posterior(whiten=True, collapsed=True)
     with pytest.raises(ValueError, match="RenyiELBO needs each draw's importance weight"):
@@ -176,6 +177,53 @@ def test_renyi_bound_at_the_exact_posterior_is_the_marginal_likelihood(alpha):
     est = torch.tensor([-renyi.loss(model, guide, X, y) for _ in range(40)])
     se = float(est.std()) / math.sqrt(len(est))
     assert float(est.mean()) - exact > 3 * se, (float(est.mean()), exact, se)
+
+
+def _sparse_exact_posterior(N=30, M=4):
+    """One layer with M < N inducing inputs away from the data (``Var[f | u] > 0``) and ``q(u)``
+    the exact posterior of the model as the Pyro program defines it (``f_i`` independent given
+    ``u``): ``p(y | v) = N(A^T v, diag(c + s2))`` in whitened coordinates, ``c_i`` the
+    conditional variances. Returns ``(model, guide, X, y, log p(y))``."""
+    model, X, y = _single_layer(N=N, M=M, whiten=True, jitter=1e-12)
+    guide = dgp.guides.MeanField(model, collapsed=False)
+    guide(X, y)
+    layer = model.layers[0]
+    with torch.no_grad():
+        L = layer.kzz_cholesky()
+        A = torch.linalg.solve_triangular(L, layer.kernel(layer.inducing_points, X), upper=False)
+        c = layer.kernel(X, diag=True) - (A * A).sum(0)
+        d = c + model.likelihood.variance
+        cov = torch.linalg.inv(torch.eye(M, dtype=DT) + (A / d) @ A.T)
+        cov = 0.5 * (cov + cov.T)
+        guide.set_q("layer1.u", (cov @ A @ (y / d)).unsqueeze(0),
+                    torch.linalg.cholesky(cov).unsqueeze(0))
+        exact = float(MultivariateNormal(torch.zeros_like(y), A.T @ A + torch.diag(d)).log_prob(y))
+    assert float(c.min()) > 1e-3  # f is not determined by u: the case the weights must handle
+    return model, guide, X, y, exact
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.0])
+def test_importance_weights_at_the_sparse_exact_posterior_are_the_marginal_likelihood(alpha):
+    """Every exact weight p(y, u) / q(u) at the exact posterior is p(y), also where f is not
+    determined by u, so the Renyi bound and Pyro's ``Importance`` give log p(y) exactly:
+    with :class:`pyro_dgp.importance.RenyiELBO` (what ``fit`` uses), and with Pyro's own
+    inside ``importance_weights()``. Outside it the run scores the ELBO's expected
+    log-likelihood, and Pyro's RenyiELBO misses log p(y) by the draws' Jensen gaps."""
+    from pyro.infer import Importance
+
+    model, guide, X, y, exact = _sparse_exact_posterior()
+    kwargs = dict(alpha=alpha, num_particles=20, vectorize_particles=True, max_plate_nesting=1)
+    pyro.set_rng_seed(0)
+    with torch.no_grad():
+        ours = -dgp.importance.RenyiELBO(**kwargs).loss(model, guide, X, y)
+        with dgp.importance_weights():
+            theirs = -RenyiELBO(**kwargs).loss(model, guide, X, y)
+            importance = Importance(model, guide, num_samples=10).run(X, y)
+            log_z = float(importance.get_log_normalizer())
+        plain = -RenyiELBO(**kwargs).loss(model, guide, X, y)
+    for value in (ours, theirs, log_z):
+        assert abs(value - exact) < 1e-6 * abs(exact), (value, exact)
+    assert plain < exact - 1.0, (plain, exact)
 
 
 def test_collapsed_and_sampled_estimators_agree_and_collapsed_has_lower_variance():
@@ -416,3 +464,20 @@ def test_log_q_at_the_guides_own_draws_survives_an_ill_conditioned_factor():
                              for _ in range(200)])
     se = math.sqrt(float(elbo.var() + analytic.var()) / 200)
     assert abs(float(elbo.mean() - analytic.mean())) < 4 * se
+
+
+def test_trace_enum_elbo_runs_on_float64_models_and_equals_trace_elbo():
+    """The masked ``<layer>.f`` sites score zeros in the model's dtype (Pyro's masked
+    distribution gives float32 zeros, which TraceEnum_ELBO's contraction refuses beside
+    float64 terms); with nothing to enumerate its estimate is Trace_ELBO's for the same draws."""
+    from pyro.infer import TraceEnum_ELBO
+
+    model, X, y = _single_layer()
+    guide = dgp.guides.MeanField(model)
+    _random_q(guide, X, y)
+    values = []
+    for elbo in (TraceEnum_ELBO(max_plate_nesting=1), Trace_ELBO()):
+        pyro.set_rng_seed(3)
+        with torch.no_grad():
+            values.append(elbo.loss(model, guide, X, y))
+    assert values[0] == pytest.approx(values[1], rel=1e-10)

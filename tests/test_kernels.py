@@ -434,3 +434,29 @@ def test_conditional_parts_match_the_textbook_kernel_and_its_gradients(Kernel):
     np.testing.assert_allclose(refs[0][0].numpy(), textbook, rtol=1e-12, atol=1e-14)
     for a, b in zip(refs[0][1], refs[1][1], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("offset", [0.0, 100.0, 1000.0])
+def test_rbf_matrices_keep_float32_accuracy_far_from_the_origin(offset):
+    """Distances by ``|a|^2 + |b|^2 - 2 a.b`` lose ``eps |a|^2``: at an offset of 100
+    lengthscales in float32 that made K_ZZ indefinite (smallest eigenvalue -2e-3 of the
+    variance) and K_ZX exceed the variance. Centred first, both match the float64 kernel of
+    the same (float32) inputs to float32 rounding, wherever the inputs are."""
+    from pyro_dgp.kernels import RBF
+
+    g = torch.Generator().manual_seed(0)
+    Z = torch.randn(30, 3, generator=g, dtype=torch.float64)
+    X = torch.randn(200, 3, generator=g, dtype=torch.float64)
+    k32 = RBF(3, variance=1.0, lengthscale=1.0).to(torch.float32)
+    k64 = RBF(3, variance=1.0, lengthscale=1.0).to(torch.float64)
+    Z32, X32 = (Z + offset).float(), (X + offset).float()
+    with torch.no_grad():
+        Kzz, Kzx, _ = k32.conditional_parts(Z32, X32)
+        full = k32(Z32, X32)
+        # the float32 inputs themselves, exactly, in float64, about the origin
+        c = Z32.double().mean(0)
+        Kzz_ref, Kzx_ref, _ = k64.conditional_parts(Z32.double() - c, X32.double() - c)
+    assert (Kzz.double() - Kzz_ref).abs().max() < 1e-5
+    assert (Kzx.double() - Kzx_ref).abs().max() < 1e-5
+    assert (full.double() - Kzx_ref).abs().max() < 1e-5
+    assert torch.linalg.eigvalsh(Kzz.double()).min() > -1e-5

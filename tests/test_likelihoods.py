@@ -447,3 +447,26 @@ def test_gauss_hermite_shapes_and_broadcasting():
     # zero variance collapses every node onto the mean
     f0, _ = gauss_hermite(loc, torch.zeros_like(var), 7)
     torch.testing.assert_close(f0, loc.expand(7, 2, 3, 4), rtol=0, atol=0)
+
+
+def test_observations_are_drawn_at_the_traced_function_values():
+    """A model run with ``y=None`` (prior predictive, ``poutine.trace``) draws ``y ~ p(y | f)``
+    at the ``f`` its trace records, so ``y - f`` has the noise variance, also far from the
+    inducing inputs where ``Var[f | u]`` is the kernel's (a fresh ``f`` would double it)."""
+    from pyro import poutine
+
+    import pyro_dgp as dgp
+    from pyro_dgp.kernels import RBF
+
+    dt = torch.float64
+    Z = torch.linspace(-1, 1, 5, dtype=dt).unsqueeze(-1)
+    layer = dgp.GPLayer(1, 1, inducing_points=Z, kernel=RBF(1, variance=1.0, lengthscale=0.5))
+    model = dgp.DeepGP([layer], Gaussian(variance=0.04)).to(dt)
+    X = torch.linspace(5, 9, 4000, dtype=dt).unsqueeze(-1)  # far from Z
+    torch.manual_seed(0)
+    with torch.no_grad():
+        trace = poutine.trace(model).get_trace(X)
+    f = trace.nodes[f"{layer.name}.f"]["value"].squeeze(-1)
+    y = trace.nodes["y"]["value"]
+    # sample variance of 4000 normal draws: relative standard error sqrt(2 / 4000) = 2.2 %
+    assert float((y - f).var()) == pytest.approx(0.04, rel=0.1)

@@ -74,9 +74,9 @@ def test_cholesky_singular_psd_with_duplicate_rows():
         warnings.simplefilter("ignore", NumericalWarning)
         L = cholesky(K, name="layer 'dup'")
     assert torch.isfinite(L).all() and torch.equal(L, L.tril())
-    # whatever jitter was used is at most 1e-6 * 10^5 relative to the mean diagonal
+    # whatever jitter was used is at most MAX_JITTER = 1e-2 relative to the mean diagonal
     err = (L @ L.mT - K).abs().max().item()
-    assert err <= 1e-1 * 1.5 + 1e-12
+    assert err <= 1e-2 * 1.5 + 1e-12
     assert torch.allclose(L @ L.mT - K, (L @ L.mT - K).diagonal().diag_embed(), atol=1e-12)
 
 
@@ -93,6 +93,30 @@ def test_cholesky_escalation_warns_with_name_and_adds_more_jitter():
     with pytest.warns(NumericalWarning, match="layer 'inner'"):
         L = cholesky(K, jitter=1e-6, name="layer 'inner'")
     torch.testing.assert_close(L @ L.mT, _rel_jitter_matrix(K, 1e-5), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_cholesky_escalation_stops_at_the_largest_jitter(dtype):
+    """An eigenvalue at -5e-2 of the mean diagonal needs a relative jitter of 1e-1: more than
+    MAX_JITTER (1e-2), which would change the model rather than its rounding. It raises,
+    naming the layer, where the escalation used to reach 1e-1 (float64) or 1 (float32)."""
+    from pyro_dgp.linalg import MAX_JITTER
+
+    assert MAX_JITTER == 1e-2
+    g = torch.Generator().manual_seed(3)
+    Q, _ = torch.linalg.qr(torch.randn(4, 4, generator=g, dtype=DT))
+    lam = torch.tensor([1.0, 1.0, 1.0, -0.05 * 3 / 4 / (1 + 0.05 / 4)], dtype=DT)
+    K = Q @ torch.diag(lam) @ Q.T
+    K = (0.5 * (K + K.T)).to(dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NumericalWarning)
+        with pytest.raises(CholeskyError, match="layer 'wide'.*jitter 1.0e-02"):
+            cholesky(K, name="layer 'wide'")
+        # an eigenvalue at -5e-3 is still repaired, by 1e-2
+        lam[-1] = -0.005 * 3 / 4 / (1 + 0.005 / 4)
+        K = (Q @ torch.diag(lam) @ Q.T).to(dtype)
+        L = cholesky(0.5 * (K + K.T), name="layer 'wide'")
+    assert torch.isfinite(L).all()
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import torch
 from pyro.infer import Trace_ELBO
 
 import pyro_dgp as dgp
+from pyro_dgp.elbo import AnalyticKL_ELBO
 from pyro_dgp.linalg import CholeskyError
 
 DT = torch.float64
@@ -376,3 +377,43 @@ def test_seconds_count_the_steps_of_every_call_of_a_resumed_run(step, tmp_path):
     again = dgp.fit(model, guide, X, y, num_steps=10, seed=2, progress=False, checkpoint=ckpt,
                     resume=True)
     assert again.resumed_from == 10 and saved <= again.seconds < saved + 5
+
+
+class _NaNGradientELBO(AnalyticKL_ELBO):
+    """A finite loss whose gradient is NaN at call ``at``: ``0 * sqrt(0 * p)`` is 0 forward and
+    ``0 * inf`` backward."""
+
+    def __init__(self, at: int, param, **kwargs):
+        super().__init__(**kwargs)
+        self.at, self.calls, self.param = at, 0, param
+
+    def differentiable_loss(self, model, guide, *args, **kwargs):
+        self.calls += 1
+        loss = super().differentiable_loss(model, guide, *args, **kwargs)
+        if self.calls == self.at:
+            loss = loss + 0 * (0 * self.param).sum().sqrt()
+        return loss
+
+
+@pytest.mark.filterwarnings("ignore:Encountered NaN")
+def test_resume_after_a_nan_gradient_goes_on(step, tmp_path):
+    """A NaN gradient poisons Adam's moments as well as the parameters: the divergence restores
+    the parameters and clears the moments' non-finite entries, so the resumed run (the remedy
+    the error message gives) trains on instead of diverging again at once."""
+    X, y = step.X_train, step.y_train
+    ckpt = tmp_path / "nan_grad.pt"
+    model, guide = _small(step)
+    guide(X, y)
+    param = next(guide.parameters())
+    with pytest.raises(dgp.TrainingDivergedError, match="at step 4"):
+        dgp.fit(model, guide, X, y, num_steps=10, seed=1, progress=False,
+                objective=_NaNGradientELBO(at=4, param=param), checkpoint=ckpt)
+    saved = torch.load(ckpt, weights_only=False)
+    for state in saved["optimizer"]["state"].values():
+        for value in state.values():
+            assert torch.isfinite(value).all()
+    model, guide = _small(step)
+    with pytest.warns(UserWarning, match="checkpoint was written with lr"):
+        r = dgp.fit(model, guide, X, y, num_steps=10, seed=1, lr=0.005, progress=False,
+                    checkpoint=ckpt, resume=True)
+    assert r.resumed_from == 4 and all(math.isfinite(v) for v in r.losses)

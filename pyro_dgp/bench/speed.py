@@ -345,6 +345,8 @@ class PlainDSVI(_AdamStep):
             ls = p["log_lengthscale"].exp()
             variance = p["log_variance"].exp()
             Zs, hs = p["Z"] / ls, h / ls
+            c = Zs.detach().mean(0, keepdim=True)  # as ours: centred for the expansion's rounding
+            Zs, hs = Zs - c, hs - c
             M = Zs.shape[0]
             kdiag = variance if p["log_white"] is None else variance + p["log_white"].exp()
             Kzz = variance * torch.exp(-0.5 * _sqdist(Zs, Zs))

@@ -29,7 +29,7 @@ from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.trace_struct import Trace
 from pyro.poutine.util import site_is_subsample
 
-from ..layer import LAYER, SAMPLED_U_ONLY, FunctionMarginal, GPLayer, site_role
+from ..layer import LAYER, SAMPLED_U_ONLY, FunctionMarginal, GPLayer, masked_out, site_role
 from ..validation import unique_name
 
 __all__ = ["LayerGuide", "LayerSite", "mvn_site", "prototype_sites", "shared_draws"]
@@ -119,7 +119,8 @@ class _Redirect(Messenger):
                 loc, var = self.guide.f_given_u(site, x, u)
             else:
                 loc, var = self.guide.f_marginal(site, x, u)
-            msg["fn"] = FunctionMarginal(loc, var).mask(False)
+            # given the run's own draws wherever this guide's runs are importance weights
+            msg["fn"] = masked_out(FunctionMarginal(loc, var, self.guide.per_draw_weights))
             msg["is_observed"], msg["value"] = False, None
         elif msg["name"] in self.guide._supplied:
             msg["value"], msg["is_observed"] = self.guide._supplied[msg["name"]], True
@@ -152,8 +153,10 @@ class LayerGuide(PyroModule):
     mean_field = False
     #: Whether one run's ``log p(y, u) - log q(u)`` summed over its sites is an importance
     #: weight of that draw: every ``f`` drawn given the run's own ``u``, and every log-density
-    #: the site's own (not a closed-form KL). Objectives that are not linear in the log-weight
-    #: (``RenyiELBO``) need it; the ELBO does not, and collapsed estimators rely on that.
+    #: the site's own (not a closed-form KL); the observation then scores ``log p(y | draw)``
+    #: inside :func:`pyro_dgp.importance_weights` (:mod:`pyro_dgp.importance`). Objectives
+    #: that are not linear in the log-weight (``RenyiELBO``) need it; the ELBO does not, and
+    #: collapsed estimators rely on that.
     per_draw_weights = False
 
     def __init__(self, model, name: str | None = None):

@@ -62,8 +62,9 @@ class Completed(LayerGuide):
 
     TraceMeanField_ELBO is valid only if ``inner`` itself factorises like the prior (e.g.
     AutoNormal); it is not for a joint guide such as AutoMultivariateNormal. Every log-density
-    is a site's own, so ``RenyiELBO`` is a valid bound too (see
-    :attr:`~pyro_dgp.guides.base.LayerGuide.per_draw_weights`).
+    is a site's own, so ``RenyiELBO`` is a valid bound too, with the observation scored by
+    ``log p(y | draw)`` inside :func:`pyro_dgp.importance_weights` (see
+    :attr:`~pyro_dgp.guides.base.LayerGuide.per_draw_weights` and :mod:`pyro_dgp.importance`).
     """
 
     per_draw_weights = True

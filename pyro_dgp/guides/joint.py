@@ -191,8 +191,9 @@ class _LayerSlice(dist.TorchDistribution):
 
 
 class JointGaussian(LayerGuide):
-    """Base of the cross-layer Gaussian guides; subclasses define the parameters,
-    ``factor()`` and ``sample(batch_shape)``."""
+    """Abstract base of the cross-layer Gaussian guides (:class:`Coupled`, :class:`Chain`);
+    subclasses define the parameters (``_setup_sites``) and ``factor()``. Constructing the
+    base itself raises ``TypeError``."""
 
     mean_field = True  # TraceMeanField_ELBO is exact here: the KL is analytic (module docstring)
     #: ``per_point=None`` draws per point while ``N T K`` is at most this (module docstring)
@@ -200,6 +201,13 @@ class JointGaussian(LayerGuide):
 
     def __init__(self, model, inner_variance: float = 1e-5, per_point: bool | None = None,
                  name=None):
+        if type(self).factor is JointGaussian.factor:
+            raise TypeError(
+                f"{type(self).__name__} is an abstract base of the cross-layer guides (it has "
+                "no parameters of its own): use pyro_dgp.guides.Coupled (one Gaussian over all "
+                "layers, full or low rank) or pyro_dgp.guides.Chain (layer-to-layer Gaussian "
+                "conditionals), or subclass it defining factor() and _setup_sites()"
+            )
         super().__init__(model, name=name)
         self.inner_variance = check_positive_finite(inner_variance,
                                                     f"{type(self).__name__}: inner_variance")
@@ -276,7 +284,8 @@ class JointGaussian(LayerGuide):
 
     def factor(self):
         """``(mean (T,), R (T, K), d (T,) or None, log det Cov q)``."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__}.factor: defined by the subclasses "
+                                  "(Coupled, Chain)")
 
     def sample(self, batch_shape: torch.Size) -> torch.Tensor:
         """``(*batch_shape, T)`` reparameterised draws of ``v``."""
@@ -365,6 +374,25 @@ class JointGaussian(LayerGuide):
         otherwise cost a pass each for the KL, each draw and the collapse)."""
         cached = self.__dict__.get("_run_factor")
         return cached if cached is not None and self._running() else self.factor()
+
+    #: the last run's factor, draws and KL, with its autograd graph (:meth:`__getstate__`)
+    _per_run = ("_run_factor", "_draw", "_point_draws", "_kl")
+
+    def __getstate__(self):
+        """The state copied by ``copy.deepcopy``, ``pickle`` and ``torch.save``: without the
+        last run's caches (:attr:`_per_run`), which hold that run's autograd graph (non-leaf
+        tensors cannot be deep-copied) and ``pyro.param`` outputs carrying a weakref (not
+        picklable). Each run rebuilds them; after a run only :meth:`log_q` reads the latest
+        draw, and a copy scores any value by the general formula.
+
+        In Pyro's global parameter-store mode a copy of a ``PyroModule`` reads its parameters
+        from the store by name, so it shares them with the original (Pyro's behaviour); for an
+        independent snapshot use ``pyro.settings.set(module_local_params=True)`` or keep
+        ``copy.deepcopy(guide.state_dict())``."""
+        state = super().__getstate__()
+        for key in self._per_run:
+            state.pop(key, None)
+        return state
 
     def _before_run(self, *args, **kwargs):
         self.__dict__["_run_factor"] = factor = self.factor()

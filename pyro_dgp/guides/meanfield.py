@@ -71,7 +71,9 @@ class MeanField(LayerGuide):
     collapsed ``f`` is drawn from ``q(f)``, not given the sampled ``u``, which leaves the
     ELBO's expectation unchanged but not ``E[w^(1 - alpha)]`` (at the exact posterior of a
     one-layer GP the collapsed RenyiELBO exceeds ``log p(y)``: tests/test_elbo_known_answers.py).
-    ``pyro_dgp.fit`` refuses the combination (:attr:`per_draw_weights`).
+    ``pyro_dgp.fit`` refuses the combination (:attr:`per_draw_weights`). With
+    ``collapsed=False`` the weights are exact inside :func:`pyro_dgp.importance_weights`
+    (``fit``'s ``"renyi"`` objective runs there; see :mod:`pyro_dgp.importance`).
     """
 
     mean_field = True
@@ -90,6 +92,8 @@ class MeanField(LayerGuide):
 
     @property
     def per_draw_weights(self) -> bool:
+        if self.collapsed:  # read at every '.f' site of a run: the common case first
+            return False
         model = self.model
         layers = [s.layer for s in self.layer_sites] or (  # before the first call: the model's
             list(model.modules()) if isinstance(model, torch.nn.Module) else [])
@@ -177,6 +181,20 @@ class MeanField(LayerGuide):
         # pyro.param statements and a lower-Cholesky transform (and its backward)
         self._run_q = {}
         self._point_u = {}  # per-point draws of u (..., N, D, M) by layer index
+
+    def __getstate__(self):
+        """The state copied by ``copy.deepcopy``, ``pickle`` and ``torch.save``: without the
+        last run's caches (``_run_q``, ``_point_u``), which hold that run's autograd graph
+        (non-leaf tensors cannot be deep-copied) and ``pyro.param`` outputs carrying a weakref
+        (not picklable). Nothing reads them outside a run, and each run rebuilds them.
+
+        In Pyro's global parameter-store mode a copy of a ``PyroModule`` reads its parameters
+        from the store by name, so it shares them with the original (Pyro's behaviour); for an
+        independent snapshot use ``pyro.settings.set(module_local_params=True)`` or keep
+        ``copy.deepcopy(guide.state_dict())``."""
+        state = super().__getstate__()
+        state["_run_q"], state["_point_u"] = {}, {}
+        return state
 
     def u_site(self, site):
         loc, scale_tril = self.q_params(site)

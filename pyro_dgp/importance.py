@@ -1,0 +1,60 @@
+"""Exact per-draw importance weights for objectives that need them (``RenyiELBO``, IWAE,
+``pyro.infer.Importance``).
+
+A guide whose runs draw every ``f`` from the model's own ``p(f | u, f_prev)`` given the run's
+``u`` (``per_draw_weights``: ``MeanField(collapsed=False)``, completed autoguides) gives, with
+the observation site scored by the DSVI analytic last layer ``E_{N(f; loc, var)} log p(y | f)``,
+an unbiased estimate of the usual (Hensman) ELBO, the same objective every other guide
+estimates: guides stay comparable on one model. But that run's log-densities do not sum to an
+importance weight: the expectation is below ``log p(y | draw) = log int p(y | f) N(f; loc,
+var) df`` (Jensen) by an amount that depends on the draw, so ``RenyiELBO`` and ``Importance``
+would not tend to ``log p(y)`` as the number of draws grows.
+
+Within :func:`importance_weights` such sites score ``log p(y | draw)`` instead: the exact
+weight of the draw, with the last layer integrated out (Rao-Blackwellised). :class:`RenyiELBO`
+runs every evaluation inside it; with Pyro's own ``RenyiELBO`` or ``Importance`` use the
+context manager. Collapsed guides (the default ``MeanField``, ``Coupled``, ``Chain``) draw
+``f`` from ``q(f)``, not given a draw, and are not affected (their runs are not importance
+weights at all; ``pyro_dgp.fit`` refuses ``RenyiELBO`` with them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pyro.infer
+
+__all__ = ["RenyiELBO", "importance_weights", "importance_weighting"]
+
+_ACTIVE = [False]
+
+
+@contextlib.contextmanager
+def importance_weights() -> Iterator[None]:
+    """Within the block, observation sites of runs that draw ``f`` given their own ``u`` score
+    ``log p(y | draw)`` (exact importance weights) rather than the ELBO's expectation."""
+    previous, _ACTIVE[0] = _ACTIVE[0], True
+    try:
+        yield
+    finally:
+        _ACTIVE[0] = previous
+
+
+def importance_weighting() -> bool:
+    """Whether :func:`importance_weights` is active."""
+    return _ACTIVE[0]
+
+
+class RenyiELBO(pyro.infer.RenyiELBO):
+    """Pyro's ``RenyiELBO`` evaluated inside :func:`importance_weights`, so that with a guide
+    whose runs are importance weights it is the Renyi bound of the model (``alpha -> 0``: the
+    ELBO with ``f | u`` integrated inside the log; ``K -> inf`` draws: ``log p(y)``)."""
+
+    def loss(self, model, guide, *args, **kwargs):
+        with importance_weights():
+            return super().loss(model, guide, *args, **kwargs)
+
+    def loss_and_grads(self, model, guide, *args, **kwargs):
+        with importance_weights():
+            return super().loss_and_grads(model, guide, *args, **kwargs)

@@ -1,0 +1,195 @@
+"""The library's models and guides with Pyro's own machinery: copies and pickles, Pyro's ELBOs
+on hand-written models, seeded draws, abstract guides (review s9/review_pyro)."""
+
+import copy
+import io
+import pickle
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer import SVI, Trace_ELBO, TraceMeanField_ELBO
+from pyro.infer.autoguide import AutoMultivariateNormal, AutoNormal
+from pyro.nn import PyroModule
+
+import pyro_dgp as dgp
+from pyro_dgp.elbo import AnalyticKL_ELBO
+
+DT = torch.float64
+
+
+@pytest.fixture(scope="module")
+def data():
+    d = dgp.datasets.step(n_train=24, n_test=10, seed=1)
+    return d.X_train, d.y_train, d.X_test
+
+
+GUIDES = {
+    "meanfield": lambda m: dgp.guides.MeanField(m),
+    "meanfield-sampled": lambda m: dgp.guides.MeanField(m, collapsed=False),
+    "coupled-lowrank": lambda m: dgp.guides.Coupled(m, rank=2),
+    "chain": lambda m: dgp.guides.Chain(m),
+    "autonormal": lambda m: dgp.complete(AutoNormal(dgp.inducing_only(m)), m),
+}
+
+
+def _model(X, y, inducing="fixed"):
+    return dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=4, inducing=inducing)
+
+
+def _train(model, guide, X, y, steps):
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.05}), Trace_ELBO())
+    for _ in range(steps):
+        svi.step(X, y)
+
+
+def _loc(model, guide, Xt):
+    return dgp.predict(model, guide, Xt, num_samples=5, seed=0).loc
+
+
+def _round_trips():
+    def pickled(obj):
+        return pickle.loads(pickle.dumps(obj))
+
+    def saved(obj):
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        buffer.seek(0)
+        return torch.load(buffer, weights_only=False)
+
+    return {"deepcopy": copy.deepcopy, "pickle": pickled, "torch.save": saved}
+
+
+# ------------------------------------------------------------------- copies (review item 3)
+@pytest.mark.parametrize("inducing, gname", [
+    *[("fixed", g) for g in GUIDES],
+    ("locations", "meanfield"),
+    ("locations", "autonormal"),
+])
+def test_trained_model_and_guide_copy_pickle_and_save_to_the_same_predictions(
+        data, inducing, gname):
+    """After training, the guides' (and the locations model's) per-run caches held the last
+    step's autograd graph: deepcopy, pickle and torch.save of (model, guide) failed."""
+    X, y, Xt = data
+    model = _model(X, y, inducing)
+    guide = GUIDES[gname](model)
+    _train(model, guide, X, y, 2)
+    # straight after a training step (a later no-grad run, e.g. predict, replaces the caches)
+    copy.deepcopy(model)  # the model alone too (inducing="locations" held f(Z))
+    copies = {how: round_trip((model, guide)) for how, round_trip in _round_trips().items()}
+    expected = _loc(model, guide, Xt)
+    for how, (m2, g2) in copies.items():
+        assert g2.model is m2, how
+        # global store: the copy reads the same named parameters, so the same predictions
+        torch.testing.assert_close(_loc(m2, g2, Xt), expected, msg=how)
+    _train(model, guide, X, y, 1)  # the original still trains after being copied
+
+
+@pytest.mark.parametrize("gname", ["meanfield", "chain"])
+def test_deepcopy_snapshot_with_module_local_params_is_independent(data, gname):
+    """With module-local parameters a deepcopy taken after training is a snapshot: same
+    predictions, unchanged when the original trains on (in the global param store a copy
+    shares the store's parameters by name, Pyro's behaviour)."""
+    X, y, Xt = data
+    with pyro.settings.context(module_local_params=True):
+        model = _model(X, y)
+        guide = GUIDES[gname](model)
+        _train(model, guide, X, y, 3)
+        snap_model, snap_guide = copy.deepcopy((model, guide))
+        before = _loc(model, guide, Xt)
+        torch.testing.assert_close(_loc(snap_model, snap_guide, Xt), before)
+        _train(model, guide, X, y, 5)
+        torch.testing.assert_close(_loc(snap_model, snap_guide, Xt), before)
+        assert not torch.allclose(_loc(model, guide, Xt), before)
+        _train(snap_model, snap_guide, X, y, 1)  # the snapshot trains too
+
+
+# ------------------------------------------------------- local latents (review item 7)
+class _LocalLatent(PyroModule):
+    """A hand-written model with its own per-point latent ``z`` inside the data plate."""
+
+    def __init__(self):
+        super().__init__()
+        self.g = dgp.GPLayer(1, 1, inducing_points=torch.linspace(-1, 1, 4, dtype=DT)[:, None])
+
+    def forward(self, x, y=None):
+        f = self.g(x)
+        with pyro.plate("data", x.shape[-2]):
+            z = pyro.sample("z", dist.Normal(torch.zeros(x.shape[-2], dtype=DT), 0.3))
+            return pyro.sample("y", dist.Normal(f.squeeze(-1) + z, 0.1), obs=y)
+
+
+@pytest.mark.filterwarnings("ignore:Found vars in model but not guide")
+@pytest.mark.parametrize("validation", [True, False])
+@pytest.mark.parametrize("gname", ["meanfield", "autonormal"])
+def test_analytic_kl_elbo_names_a_local_latent_no_guide_covers(gname, validation):
+    """It raised a bare KeyError 'z'."""
+    pyro.enable_validation(validation)
+    x = torch.linspace(-1, 1, 12, dtype=DT)[:, None]
+    model = _LocalLatent()
+    guide = GUIDES[gname](model)
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), AnalyticKL_ELBO())
+    with pytest.raises(ValueError, match=r"'z' is a local \(per-point\) latent .*'data'.*"
+                                         r"Trace_ELBO knowingly"):
+        svi.step(x, torch.sin(3 * x.squeeze(-1)))
+
+
+# ---------------------------------------------------------- seeded draws (review item 8)
+@pytest.mark.parametrize("gname", ["meanfield", "chain", "automvn"])
+def test_seeded_draws_on_a_guide_not_set_up_yet_are_reproducible(data, gname):
+    """The guide's set-up (its prototype trace) ran inside the seeded block and shifted the
+    first call's draws against the second's."""
+    X, y, Xt = data
+    make = {
+        "meanfield": lambda m: dgp.guides.MeanField(m, name="G"),
+        "chain": lambda m: dgp.guides.Chain(m, name="G"),
+        "automvn": lambda m: dgp.complete(AutoMultivariateNormal(dgp.inducing_only(m)), m,
+                                          name="G"),
+    }[gname]
+    model = _model(X, y)
+    _train(model, make(model), X, y, 10)  # trained values in the store, under the name "G"
+    calls = {
+        "predict": lambda g: _loc(model, g, Xt),
+        "variational_pareto_k": lambda g: torch.as_tensor(dgp.variational_pareto_k(
+            model, g, X, y, num_samples=30, seed=0).log_weights),
+        "to_datatree": lambda g: torch.as_tensor(dgp.to_datatree(
+            model, g, X, num_samples=5, seed=0, kl=False)["layers"]["layer1.f"].values),
+    }
+    differ = []
+    for name, call in calls.items():
+        guide = make(model)  # not set up: it reads the trained values at set-up
+        state = torch.get_rng_state()
+        first = call(guide)
+        assert torch.equal(torch.get_rng_state(), state), name  # the caller's RNG untouched
+        if not torch.equal(call(guide), first):
+            differ.append(name)
+    assert not differ
+
+
+# ------------------------------------------------------- abstract guide (review item 10)
+def test_joint_gaussian_base_refuses_construction_and_points_to_its_subclasses(data):
+    X, y, _ = data
+    model = _model(X, y)
+    with pytest.raises(TypeError, match="abstract base.*Coupled.*Chain"):
+        dgp.guides.JointGaussian(model)
+    assert isinstance(dgp.guides.Chain(model), dgp.guides.JointGaussian)
+
+
+def test_copies_of_a_guide_used_with_trace_mean_field_elbo_train_on(data):
+    """A copy made mid-training (TraceMeanField_ELBO, joint guide) resumes from the same loss
+    as its original for the same random draws."""
+    X, y, _ = data
+    with pyro.settings.context(module_local_params=True):
+        model = _model(X, y)
+        guide = dgp.guides.Coupled(model)
+        elbo = TraceMeanField_ELBO()
+        svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.05}), elbo)
+        for _ in range(2):
+            svi.step(X, y)
+        m2, g2 = copy.deepcopy((model, guide))
+        pyro.set_rng_seed(5)
+        a = elbo.loss(model, guide, X, y)
+        pyro.set_rng_seed(5)
+        b = elbo.loss(m2, g2, X, y)
+    assert a == pytest.approx(b, rel=1e-12)
