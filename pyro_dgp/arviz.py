@@ -155,9 +155,8 @@ def pointwise_log_lik(site) -> torch.Tensor:
     ``log_prob``. Batch shape as the site's."""
     fn = _unwrap(site["fn"])
     value = site["value"]
-    if isinstance(fn, _Expected):
-        with fn.likelihood.fixed(fn.hyperparameters):  # the draws' own noise, if Bayesian
-            return fn.likelihood.predictive_log_prob(value, fn.loc, fn.var)
+    if isinstance(fn, _Expected):  # under the draws' own noise, if Bayesian
+        return fn.predictive_log_prob(value)
     return fn.log_prob(value)
 
 

@@ -210,10 +210,15 @@ class _Expected(dist.TorchDistribution):
                          self.var.expand(batch_shape), self.hyperparameters, f, self.integrated)
 
     def log_prob(self, value):
+        if self.integrated:
+            return self.predictive_log_prob(value)
         with self.likelihood.fixed(self.hyperparameters):
-            if self.integrated:
-                return self.likelihood.predictive_log_prob(value, self.loc, self.var)
             return self.likelihood.expected_log_prob(value, self.loc, self.var)
+
+    def predictive_log_prob(self, value):
+        """``log int p(y | f) N(f; loc, var) df`` under the hyperparameters of the call."""
+        with self.likelihood.fixed(self.hyperparameters):
+            return self.likelihood.predictive_log_prob(value, self.loc, self.var)
 
     def sample(self, sample_shape=torch.Size()):
         with torch.no_grad(), self.likelihood.fixed(self.hyperparameters):

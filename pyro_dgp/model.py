@@ -83,8 +83,8 @@ def _warn_unstandardised(X: torch.Tensor, y: torch.Tensor | None) -> None:
     The initial noise variance (0.01), kernel variances and lengthscales (2) and the last
     layer's zero mean are on the scale of standardised targets and inputs: on raw targets in
     the thousands the noise must grow by orders of magnitude before the predictive variance
-    means anything (coverage 0.13 after 2000 steps for targets scaled by 1e6), and inputs far
-    from the origin cost float32 digits in every kernel matrix."""
+    means anything (a review found badly miscalibrated intervals after thousands of steps,
+    silently), and inputs far from the origin cost float32 digits in every kernel matrix."""
     with torch.no_grad():
         msgs = []
         if y is not None and y.numel() > 1:

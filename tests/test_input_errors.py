@@ -321,7 +321,7 @@ def test_complete_and_inducing_only_need_callables():
 def test_regression_warns_on_unstandardised_targets(scale, offset, warns):
     """The defaults (noise variance 0.01, kernel variance 2, zero-mean last layer) assume
     standardised targets: raw-scale targets train to badly calibrated predictions without a
-    word (coverage 0.13 after 2000 steps at y x 1e6), so it says so, naming y's statistics."""
+    word, so it says so, naming y's statistics."""
     import warnings
 
     g = torch.Generator().manual_seed(0)

@@ -439,8 +439,8 @@ def test_conditional_parts_match_the_textbook_kernel_and_its_gradients(Kernel):
 @pytest.mark.parametrize("offset", [0.0, 100.0, 1000.0])
 def test_rbf_matrices_keep_float32_accuracy_far_from_the_origin(offset):
     """Distances by ``|a|^2 + |b|^2 - 2 a.b`` lose ``eps |a|^2``: at an offset of 100
-    lengthscales in float32 that made K_ZZ indefinite (smallest eigenvalue -2e-3 of the
-    variance) and K_ZX exceed the variance. Centred first, both match the float64 kernel of
+    lengthscales in float32 that made K_ZZ indefinite (clearly negative eigenvalues) and K_ZX
+    exceed the variance. Centred first, both match the float64 kernel of
     the same (float32) inputs to float32 rounding, wherever the inputs are."""
     from pyro_dgp.kernels import RBF
 

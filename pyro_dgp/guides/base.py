@@ -216,6 +216,27 @@ class LayerGuide(PyroModule):
         lose its link to that input). Default: given the site's own draw ``u``."""
         return site.layer.conditional(x, u)
 
+    #: attributes holding only the latest run's values (left out of copies: :meth:`__getstate__`)
+    _per_run: tuple[str, ...] = ()
+
+    def __getstate__(self):
+        """The state copied by ``copy.deepcopy``, ``pickle`` and ``torch.save``: without the
+        last run's caches (:attr:`_per_run`; a dict cache is copied empty), which hold that
+        run's autograd graph (non-leaf tensors cannot be deep-copied) and ``pyro.param``
+        outputs carrying a weakref (not picklable). Each run rebuilds them.
+
+        In Pyro's global parameter-store mode a copy of a ``PyroModule`` reads its parameters
+        from the store by name, so it shares them with the original (Pyro's behaviour); for an
+        independent snapshot use ``pyro.settings.set(module_local_params=True)`` or keep
+        ``copy.deepcopy(guide.state_dict())``."""
+        state = super().__getstate__()
+        for key in self._per_run:
+            if isinstance(state.get(key), dict):
+                state[key] = {}
+            else:
+                state.pop(key, None)
+        return state
+
     def forward(self, *args, **kwargs):
         if not self._set_up:
             self.setup(*args, **kwargs)

@@ -375,24 +375,9 @@ class JointGaussian(LayerGuide):
         cached = self.__dict__.get("_run_factor")
         return cached if cached is not None and self._running() else self.factor()
 
-    #: the last run's factor, draws and KL, with its autograd graph (:meth:`__getstate__`)
+    # the last run's factor, draws and KL (LayerGuide.__getstate__); after a run only log_q
+    # reads the latest draw, and a copy scores any value by the general formula
     _per_run = ("_run_factor", "_draw", "_point_draws", "_kl")
-
-    def __getstate__(self):
-        """The state copied by ``copy.deepcopy``, ``pickle`` and ``torch.save``: without the
-        last run's caches (:attr:`_per_run`), which hold that run's autograd graph (non-leaf
-        tensors cannot be deep-copied) and ``pyro.param`` outputs carrying a weakref (not
-        picklable). Each run rebuilds them; after a run only :meth:`log_q` reads the latest
-        draw, and a copy scores any value by the general formula.
-
-        In Pyro's global parameter-store mode a copy of a ``PyroModule`` reads its parameters
-        from the store by name, so it shares them with the original (Pyro's behaviour); for an
-        independent snapshot use ``pyro.settings.set(module_local_params=True)`` or keep
-        ``copy.deepcopy(guide.state_dict())``."""
-        state = super().__getstate__()
-        for key in self._per_run:
-            state.pop(key, None)
-        return state
 
     def _before_run(self, *args, **kwargs):
         self.__dict__["_run_factor"] = factor = self.factor()

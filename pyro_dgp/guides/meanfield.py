@@ -182,19 +182,7 @@ class MeanField(LayerGuide):
         self._run_q = {}
         self._point_u = {}  # per-point draws of u (..., N, D, M) by layer index
 
-    def __getstate__(self):
-        """The state copied by ``copy.deepcopy``, ``pickle`` and ``torch.save``: without the
-        last run's caches (``_run_q``, ``_point_u``), which hold that run's autograd graph
-        (non-leaf tensors cannot be deep-copied) and ``pyro.param`` outputs carrying a weakref
-        (not picklable). Nothing reads them outside a run, and each run rebuilds them.
-
-        In Pyro's global parameter-store mode a copy of a ``PyroModule`` reads its parameters
-        from the store by name, so it shares them with the original (Pyro's behaviour); for an
-        independent snapshot use ``pyro.settings.set(module_local_params=True)`` or keep
-        ``copy.deepcopy(guide.state_dict())``."""
-        state = super().__getstate__()
-        state["_run_q"], state["_point_u"] = {}, {}
-        return state
+    _per_run = ("_run_q", "_point_u")
 
     def u_site(self, site):
         loc, scale_tril = self.q_params(site)
