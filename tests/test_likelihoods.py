@@ -115,6 +115,36 @@ def test_probit_expected_log_prob_matches_quad(y):
         assert out[i].item() == pytest.approx(ref, rel=1e-8, abs=1e-12)
 
 
+def _probit_reference(m, v):
+    """E_{N(f; m, v)} log Phi(f) by adaptive quadrature split at the bend of log Phi (f = 0)."""
+    sd = math.sqrt(v)
+
+    def part(lo, hi):
+        return integrate.quad(lambda f: stats.norm.pdf(f, m, sd) * special.log_ndtr(f), lo, hi,
+                              epsabs=1e-14, epsrel=1e-13, limit=500)[0]
+
+    return part(m - 40 * sd, 0.0) + part(0.0, m + 40 * sd)
+
+
+@pytest.mark.parametrize("v, few, many, tol", [(10.0, 20, 80, 1e-7), (100.0, 20, 320, 1e-5)])
+def test_probit_expected_log_prob_at_large_variance_needs_more_nodes(v, few, many, tol):
+    """The default 20 nodes lose accuracy as the latent variance grows (the docstring's
+    caveat, measured here: more than 1e-5 nats off at variance 10); num_gh_points restores it."""
+    m = _t([0.0, 3.0])
+    y = torch.ones_like(m)
+    ref = torch.tensor([_probit_reference(float(mi), v) for mi in m], dtype=DT)
+    err = {n: (BernoulliProbit(num_gh_points=n).expected_log_prob(y, m, torch.full_like(m, v))
+               - ref).abs().max().item() for n in (few, many)}
+    assert err[few] > 1e-5, err
+    assert err[many] < tol, err
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, "20", None])
+def test_num_gh_points_must_be_a_positive_integer(bad):
+    with pytest.raises((ValueError, TypeError), match="BernoulliProbit: num_gh_points"):
+        BernoulliProbit(num_gh_points=bad)
+
+
 @pytest.mark.parametrize("y", [0.0, 1.0])
 def test_probit_predictive_log_prob_closed_form_and_quad(y):
     lik = BernoulliProbit()

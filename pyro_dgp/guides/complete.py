@@ -60,10 +60,15 @@ class Completed(LayerGuide):
     the ``.f`` sites come from the model's conditional given those draws (sampled-u estimator,
     unbiased for any ``q(u)``).
 
-    TraceMeanField_ELBO is valid only if ``inner`` itself factorises like the prior (e.g.
-    AutoNormal); it is not for a joint guide such as AutoMultivariateNormal. Every log-density
-    is a site's own, so ``RenyiELBO`` is a valid bound too, with the observation scored by
-    ``log p(y | draw)`` inside :func:`pyro_dgp.importance_weights` (see
+    Pyro's autoguides hand every site over as a ``Delta`` (the density sits on an auxiliary
+    site), which has no closed-form KL, so TraceMeanField_ELBO computes exactly Trace_ELBO's
+    estimate with them, valid for joint ones (AutoMultivariateNormal) too; it warns "Failed to
+    verify mean field restriction" because ``inner`` draws every ``.u`` before the model's
+    first ``.f`` (a check of site order, not of the estimate). An ``inner`` of your own that
+    samples ``.u`` sites from Gaussians it correlates is not for TraceMeanField_ELBO.
+
+    Every log-density is a site's own, so ``RenyiELBO`` is a valid bound too, with the
+    observation scored by ``log p(y | draw)`` inside :func:`pyro_dgp.importance_weights` (see
     :attr:`~pyro_dgp.guides.base.LayerGuide.per_draw_weights` and :mod:`pyro_dgp.importance`).
     """
 
