@@ -194,3 +194,26 @@ def test_summary_counts_each_split_once():
     table = uci.summarize([rec(0, 0.0, "failed"), rec(0, -2.0), rec(1, -3.0), rec(1, -3.0)])
     row = table.splitlines()[-1]
     assert "| 2/20 |" in row and "-2.50(0.50)" in row and "diverged" not in row
+
+
+@needs_data
+def test_exact_gp_control_runs_and_appends_its_table(tmp_path, capsys):
+    """benchmarks/exact_gp.py (the exact-GP control of a split) on a tiny setting."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "exact_gp.py"
+    spec = importlib.util.spec_from_file_location("exact_gp", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    report = tmp_path / "BENCHMARKS.md"
+    assert module.main(["--dataset", "boston", "--splits", "0", "1", "--steps", "3",
+                        "--threads", "1", "--append", str(report)]) == 0
+    printed = capsys.readouterr().out
+    text = report.read_text()
+    assert "## Exact-GP control: boston" in text and "--splits 0 1 --steps 3" in text
+    rows = [line for line in text.splitlines() if line.startswith("| 0 |")
+            or line.startswith("| 1 |")]
+    assert len(rows) == 2 and "| mean (se) |" in printed
+    lls = [float(r.split("|")[2]) for r in rows]
+    assert all(-10 < v < 0 for v in lls)  # boston in original units: a few nats per point
