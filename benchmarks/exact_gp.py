@@ -23,6 +23,7 @@ import torch
 
 from pyro_dgp import datasets
 from pyro_dgp.bench import cpu_model
+from pyro_dgp.bench.uci import mean_se
 
 
 class _ExactGP(gpytorch.models.ExactGP):
@@ -80,10 +81,8 @@ def main(argv=None) -> int:
         print(f"split {k}: test log-lik {r['test_loglik']:.3f}, RMSE {r['rmse']:.3f}, worst "
               f"point {r['worst_point']:.2f}, train mll/N {r['train_mll_per_point']:.3f}, "
               f"noise {r['noise_var']:.2e}, {r['seconds']:.0f} s", flush=True)
-    lls = [r["test_loglik"] for r in rows]
-    mean = sum(lls) / len(lls)
-    se = (math.sqrt(sum((v - mean) ** 2 for v in lls) / (len(lls) - 1) / len(lls))
-          if len(lls) > 1 else float("nan"))
+    mean, se = mean_se([r["test_loglik"] for r in rows])
+    se = float("nan") if se is None else se
     table = "\n".join(
         ["| split | test log-lik | RMSE | worst test point | train mll / N |",
          "|---|---|---|---|---|"]

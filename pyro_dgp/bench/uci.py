@@ -387,7 +387,8 @@ def _fmt(mean: float, se: float | None, decimals: int | None = None) -> str:
     return f"{mean:.{decimals}f}({se_txt})"
 
 
-def _mean_se(values: list[float]) -> tuple[float, float | None]:
+def mean_se(values: list[float]) -> tuple[float, float | None]:
+    """Mean and standard error over splits (``None`` for one value)."""
     n = len(values)
     mean = sum(values) / n
     if n < 2:
@@ -420,9 +421,9 @@ def summarize(records: list[dict]) -> str:
         ok = [r for r in recs if r.get("status", "ok") == "ok"]
         n_div = len(recs) - len(ok)
         if ok:
-            ll = _fmt(*_mean_se([r["metrics"]["test_loglik"] for r in ok]), decimals=2)
-            rm = _fmt(*_mean_se([r["metrics"]["rmse"] for r in ok]))
-            cr = _fmt(*_mean_se([r["metrics"]["crps"] for r in ok]))
+            ll = _fmt(*mean_se([r["metrics"]["test_loglik"] for r in ok]), decimals=2)
+            rm = _fmt(*mean_se([r["metrics"]["rmse"] for r in ok]))
+            cr = _fmt(*mean_se([r["metrics"]["crps"] for r in ok]))
             cv = f"{sum(r['metrics']['coverage95'] for r in ok) / len(ok):.3f}"
             sps = f"{sum(r['seconds_per_step'] for r in ok) / len(ok):.3f}"
         else:
