@@ -18,7 +18,7 @@ from pyro.distributions.kl import kl_divergence
 
 from pyro_dgp import datasets
 from pyro_dgp.bench.compositional import FAMILIES, build_model
-from pyro_dgp.training import fit
+from pyro_dgp.infer.training import fit
 
 
 def _kl(guide_site, model_site) -> float:

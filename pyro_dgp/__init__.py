@@ -6,21 +6,25 @@
 >>> pred = predict(model, guide, X_test, num_samples=100)
 """
 
-from . import arviz, datasets, diagnostics, guides, importance, kernels, likelihoods, metrics
-from .arviz import compare_guides, load_datatree, save_datatree, to_datatree, variational_pareto_k
-from .diagnostics import layer_summary, plot_diagnostics
+from . import datasets, diagnostics, guides, kernels, likelihoods
+from .diagnostics import (
+    compare_guides,
+    layer_summary,
+    load_datatree,
+    plot_diagnostics,
+    save_datatree,
+    to_datatree,
+    variational_pareto_k,
+)
+from .gp import DeepGP, GPLayer
 from .guides import complete, inducing_only
-from .importance import importance_weights
-from .layer import GPLayer
+from .infer import FitResult, TrainingDivergedError, fit, importance, importance_weights
 from .linalg import CholeskyError, NumericalWarning
-from .model import DeepGP
-from .prediction import MixturePredictive, predict
-from .training import FitResult, TrainingDivergedError, fit
+from .prediction import MixturePredictive, metrics, predict
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "arviz",
     "compare_guides",
     "diagnostics",
     "layer_summary",

@@ -13,11 +13,11 @@ import pyro
 import torch
 
 from . import datasets, metrics
+from .gp.deep_gp import DeepGP
 from .guides.registry import GUIDES, make_guide
-from .io import load_fit, save_fit
-from .model import DeepGP
-from .prediction import predict
-from .training import fit
+from .infer.checkpoint import load_fit, save_fit
+from .infer.training import fit
+from .prediction.mixture import predict
 
 __all__ = ["main"]
 
@@ -94,8 +94,8 @@ def cmd_demo(args) -> int:
 
 def _write_diagnostics(model, guide, data, out: Path, prefix: str) -> None:
     """ArviZ DataTree (NetCDF) and per-layer diagnostic PNGs of one fit."""
-    from .arviz import save_datatree, to_datatree
-    from .diagnostics import layer_summary, plot_diagnostics
+    from .diagnostics.export import save_datatree, to_datatree
+    from .diagnostics.layers import layer_summary, plot_diagnostics
 
     grid = None
     if data.X_train.shape[-1] == 1:

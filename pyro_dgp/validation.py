@@ -32,7 +32,7 @@ def unique_name(base: str) -> str:
     return base if n == 0 else f"{base}_{n}"
 
 
-def _finite(t: torch.Tensor, label: str) -> None:
+def check_finite(t: torch.Tensor, label: str) -> None:
     if not torch.is_floating_point(t):
         raise TypeError(f"{label} must be a floating-point tensor, got dtype {t.dtype}")
     bad = ~torch.isfinite(t)
@@ -54,7 +54,7 @@ def check_inputs(X, input_dim: int | None = None, label: str = "X", finite: bool
     if input_dim is not None and X.shape[-1] != input_dim:
         raise ValueError(f"{label} has {X.shape[-1]} columns, expected {input_dim}")
     if finite:
-        _finite(X, label)
+        check_finite(X, label)
     elif not torch.is_floating_point(X):
         raise TypeError(f"{label} must be a floating-point tensor, got dtype {X.dtype}")
 
@@ -68,7 +68,7 @@ def check_targets(y, num_data: int, label: str = "y", binary: bool = False) -> N
             f"{label} has {y.shape[0] if y.dim() else 0} rows but X has {num_data}: "
             "X and y must have the same number of data points"
         )
-    _finite(y, label)
+    check_finite(y, label)
     if binary and not bool(((y == 0) | (y == 1)).all()):
         bad = torch.unique(y[(y != 0) & (y != 1)])[:5].tolist()
         raise ValueError(f"{label}: binary labels must be 0 or 1, found {bad}")

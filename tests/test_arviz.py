@@ -15,7 +15,7 @@ from pyro.infer.autoguide import AutoDelta, AutoMultivariateNormal, AutoNormal
 from pyro.nn import PyroModule, PyroSample
 
 import pyro_dgp as dgp
-from pyro_dgp.arviz import (
+from pyro_dgp.diagnostics.export import (
     compare_guides,
     load_datatree,
     loo,
@@ -383,7 +383,7 @@ def test_pareto_smoothing_of_widely_spread_weights_is_never_called_good(spread):
     """Log-weights N(0, spread^2), S = 200: the tail is heavier the wider the spread (k-hat
     of log-normal weights grows with it); where ArviZ's fit breaks down (one weight
     dominating) k-hat is inf with a warning, never a 'good' value with NaN weights."""
-    from pyro_dgp.arviz import pareto_smooth
+    from pyro_dgp.diagnostics.export import pareto_smooth
 
     log_w = spread * np.random.default_rng(0).standard_normal(200)
     if spread > 300:
@@ -402,7 +402,7 @@ def test_pareto_smoothing_fits_the_upper_tail_of_known_shape(xi):
     """Weights w = U^-xi (U uniform) have a Pareto upper tail of shape xi: k-hat estimates xi
     (standard error about (1 + xi) / sqrt(M) from the M = 3 sqrt(S) tail draws). The mirrored
     weights 1/w have a bounded tail, k-hat < 0.5: a fit of the wrong tail would swap them."""
-    from pyro_dgp.arviz import pareto_smooth
+    from pyro_dgp.diagnostics.export import pareto_smooth
 
     S = 4000
     log_w = -xi * np.log(np.random.default_rng(1).uniform(size=S))
@@ -420,7 +420,7 @@ def test_joint_guides_log_q_is_the_joint_density_of_the_draws(kind):
     After training, where Adam has made the factor ill-conditioned and a triangular solve
     unreliable, -log q of the guide's own draws still averages to the closed-form entropy
     (within 4 Monte Carlo standard errors)."""
-    from pyro_dgp.arviz import _trace_guide, guide_log_density
+    from pyro_dgp.diagnostics.export import _trace_guide, guide_log_density
 
     X, y = _data()
     model = dgp.DeepGP.regression(X, y, num_layers=3, num_inducing=6, hidden_dim=2)

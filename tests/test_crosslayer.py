@@ -135,7 +135,7 @@ def test_per_point_draws_lower_the_variance_and_shared_draws_give_sample_paths(G
     for shared in (False, True):
         with torch.no_grad(), guide.shared_draws() if shared else contextlib.nullcontext():
             trace = poutine.trace(guide).get_trace(X, y)
-            loc = dgp.layer.marginal_of(trace.nodes["layer1.f"]["value"])[0]
+            loc = dgp.likelihoods.marginal.source_of(trace.nodes["layer1.f"]["value"]).loc
             given_u = layer1.conditional(X, trace.nodes["layer1.u"]["value"])[0]
         assert torch.allclose(loc, given_u) == shared
     assert guide.draws_per_point(X.shape[0])  # the context is left
@@ -309,7 +309,9 @@ def test_joint_guides_start_at_meanfields_q(Guide, whiten):
 
 
 def test_block_preconditioner_keeps_within_block_entries_and_scales_cross_blocks():
-    from pyro_dgp.guides.joint import _preconditioned_tril, _raw_tril, block_preconditioner
+    from pyro_dgp.guides.params import block_preconditioner
+    from pyro_dgp.guides.params import preconditioned_tril as _preconditioned_tril
+    from pyro_dgp.guides.params import raw_tril as _raw_tril
 
     like = torch.zeros((), dtype=DT)
     scale = block_preconditioner([2, 2, 3], like)
@@ -416,7 +418,7 @@ def test_three_layer_loss_gradient_matches_finite_differences(Guide):
     """Three layers (so Chain's middle block enters the next one through a triangular solve):
     the loss backpropagates, and its gradient along random directions in the guide's
     parameters equals a central finite difference of the loss at the same draws."""
-    from pyro_dgp.training import make_objective
+    from pyro_dgp.infer.training import make_objective
 
     model, X, y = _model(num_layers=3, N=15, M=4, hidden=1)
     guide = Guide(model)

@@ -14,7 +14,6 @@ from pyro.infer.autoguide import AutoIAFNormal, AutoMultivariateNormal, AutoNorm
 from torch.distributions import MultivariateNormal, kl_divergence
 
 import pyro_dgp as dgp
-from pyro_dgp.arviz import to_datatree
 from pyro_dgp.diagnostics import (
     layer_kl,
     layer_summary,
@@ -22,6 +21,7 @@ from pyro_dgp.diagnostics import (
     plot_diagnostics,
     plot_hyperparameters,
 )
+from pyro_dgp.diagnostics.export import to_datatree
 
 
 def _toy_fit(kind, steps=300):
@@ -80,8 +80,8 @@ def test_kl_autoguides_closed_form_and_monte_carlo():
     dgp.fit(model, normal, X, y, num_steps=5, progress=False)
     closed = layer_kl(model, normal, X)
     # Monte Carlo from the trace, forcing the fallback with a plain guide wrapper
-    from pyro_dgp.arviz import _trace_guide
-    from pyro_dgp.diagnostics import _mc_kl, _mc_kl_draws
+    from pyro_dgp.diagnostics.export import _trace_guide
+    from pyro_dgp.diagnostics.layers import _mc_kl, _mc_kl_draws
 
     with torch.no_grad():
         pyro.set_rng_seed(0)

@@ -74,7 +74,7 @@ def _estimates(elbo, model, guide, X, y, n):
 @pytest.mark.parametrize("whiten", [True, False])
 @pytest.mark.parametrize("Elbo", ["TraceMeanField_ELBO", "AnalyticKL_ELBO"])
 def test_collapsed_meanfield_elbo_is_the_closed_form(whiten, Elbo):
-    from pyro_dgp.elbo import AnalyticKL_ELBO
+    from pyro_dgp.infer.elbo import AnalyticKL_ELBO
 
     Elbo = AnalyticKL_ELBO if Elbo == "AnalyticKL_ELBO" else TraceMeanField_ELBO
     model, X, y = _single_layer(whiten=whiten)
@@ -164,14 +164,14 @@ def test_renyi_bound_at_the_exact_posterior_is_the_marginal_likelihood(alpha):
     model, guide, X, y, exact = _exact_posterior(whiten=True, collapsed=False)
     renyi = RenyiELBO(alpha=alpha, num_particles=20, vectorize_particles=True,
                       max_plate_nesting=1)
-    ours = dgp.training.make_objective(renyi, guide)
+    ours = dgp.infer.training.make_objective(renyi, guide)
     assert isinstance(ours, dgp.importance.RenyiELBO) and ours.alpha == alpha
     pyro.set_rng_seed(0)
     bound = -ours.loss(model, guide, X, y)
     assert abs(bound - exact) / abs(exact) < 1e-6, (bound, exact)
     model, guide, X, y, exact = _exact_posterior(whiten=True, collapsed=True)
     with pytest.raises(ValueError, match="RenyiELBO needs each draw's importance weight"):
-        dgp.training.make_objective(renyi, guide)
+        dgp.infer.training.make_objective(renyi, guide)
     # why: Pyro's RenyiELBO on the collapsed draws, whose estimates of a valid bound would
     # average at or below log p(y), averages above it
     est = torch.tensor([-renyi.loss(model, guide, X, y) for _ in range(40)])
@@ -263,7 +263,7 @@ def _loss_and_grads(elbo, model, guide, *args, seed=7, params=()):
 def test_analytic_kl_elbo_has_trace_mean_field_elbos_value_and_gradient(num_particles):
     """Same draws, same estimate and gradient as Pyro's TraceMeanField_ELBO on a 2-layer DGP
     (with and without validation, single and vectorised particles)."""
-    from pyro_dgp.elbo import AnalyticKL_ELBO
+    from pyro_dgp.infer.elbo import AnalyticKL_ELBO
 
     torch.manual_seed(0)
     X = torch.linspace(-2, 2, 30, dtype=DT).unsqueeze(-1)
@@ -285,7 +285,7 @@ def test_analytic_kl_elbo_has_trace_mean_field_elbos_value_and_gradient(num_part
 
 def test_analytic_kl_elbos_differentiable_loss_reads_no_value_back(monkeypatch):
     """No ``.item()`` (a host sync on a GPU) in the loss that fit differentiates."""
-    import pyro_dgp.elbo as elbo_module
+    import pyro_dgp.infer.elbo as elbo_module
 
     def no_item(x):
         raise AssertionError("torch_item called")
@@ -307,7 +307,7 @@ def test_analytic_kl_elbo_falls_back_and_handles_masks_and_auxiliary_sites():
     from pyro.nn import PyroParam
     from torch.distributions import constraints
 
-    from pyro_dgp.elbo import AnalyticKL_ELBO
+    from pyro_dgp.infer.elbo import AnalyticKL_ELBO
 
     data = torch.tensor([0.3, -1.2, 2.0, 0.7], dtype=DT)
 
@@ -405,8 +405,8 @@ def test_analytic_kl_elbo_single_pass_equals_replay_and_steps_outer_handlers_asi
     scales like the guide."""
     from pyro import poutine
 
-    from pyro_dgp import elbo as elbo_module
-    from pyro_dgp.elbo import AnalyticKL_ELBO
+    from pyro_dgp.infer import elbo as elbo_module
+    from pyro_dgp.infer.elbo import AnalyticKL_ELBO
 
     model, guide, X, y = _model_and_guides(kind)
     params = list({id(p): p for m in (model, guide) for p in m.parameters()}.values())
@@ -460,7 +460,7 @@ def test_log_q_at_the_guides_own_draws_survives_an_ill_conditioned_factor():
     log_q, elbo = torch.tensor(log_q), torch.tensor(elbo)
     se = float(log_q.std()) / math.sqrt(len(log_q))
     assert abs(float(-log_q.mean()) - entropy) < 4 * se, (float(-log_q.mean()), entropy, se)
-    analytic = torch.tensor([-dgp.elbo.AnalyticKL_ELBO().loss(model, guide, X, y)
+    analytic = torch.tensor([-dgp.infer.AnalyticKL_ELBO().loss(model, guide, X, y)
                              for _ in range(200)])
     se = math.sqrt(float(elbo.var() + analytic.var()) / 200)
     assert abs(float(elbo.mean() - analytic.mean())) < 4 * se

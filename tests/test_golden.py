@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pyro
 import pytest
-import torch
 
 import pyro_dgp as dgp
 from pyro_dgp.guides.registry import GUIDES, make_guide

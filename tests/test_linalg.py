@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pyro_dgp import GPLayer
-from pyro_dgp.conditional import conditional
+from pyro_dgp.gp.conditional import conditional
 from pyro_dgp.kernels import RBF, Matern52
 from pyro_dgp.linalg import CholeskyError, NumericalWarning, cholesky, default_jitter
 
@@ -261,7 +261,7 @@ def test_conditional_with_batch_dims(whiten, gaussian, quadratic):
 def test_quadratic_form_has_the_projected_forms_gradients(gaussian):
     """The quadratic form (custom backward) and the projected form (autograd) are the same
     function: equal values and gradients for Kzx, L, kxx, m and S, with batch dims."""
-    from pyro_dgp.conditional import _QuadraticConditional
+    from pyro_dgp.gp.conditional import _QuadraticConditional
 
     g, Kzz, L, Kzx, kxx = _problem(seed=4, batch=(3,))
     loc = torch.randn(DOUT, M, generator=g, dtype=DT)

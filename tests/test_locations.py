@@ -218,8 +218,8 @@ def test_locations_layer_kl_averages_over_the_random_inducing_inputs():
     """diagnostics.layer_kl of the second layer = mean over draws of f^z_1 of
     KL(q(f^z_2) || N(mu(f^z_1), K(f^z_1))) (seed 003 eq. 23), against torch's KL per draw,
     and against the Monte Carlo log q - log p within 4 standard errors."""
-    from pyro_dgp.arviz import _trace_guide
-    from pyro_dgp.diagnostics import _mc_kl
+    from pyro_dgp.diagnostics.export import _trace_guide
+    from pyro_dgp.diagnostics.layers import _mc_kl
 
     model, X, y = _locations_model()
     guide = dgp.guides.MeanField(model)
@@ -287,7 +287,7 @@ def test_per_point_draws_are_unbiased_and_lower_the_gradient_variance():
     for shared in (False, True):
         with torch.no_grad(), guide.shared_draws() if shared else _null():
             trace = poutine.trace(guide).get_trace(X, y)
-            loc = dgp.layer.marginal_of(trace.nodes["layer1.f"]["value"])[0]
+            loc = dgp.likelihoods.marginal.source_of(trace.nodes["layer1.f"]["value"]).loc
             given_u = layer1.conditional(X, trace.nodes["layer1.u"]["value"])[0]
         assert torch.allclose(loc, given_u) == shared
 

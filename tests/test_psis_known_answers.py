@@ -56,7 +56,7 @@ from pyro.infer.autoguide import AutoNormal
 from pyro.nn import PyroSample
 
 import pyro_dgp as dgp
-from pyro_dgp.arviz import variational_pareto_k
+from pyro_dgp.diagnostics.export import variational_pareto_k
 
 DT = torch.float64
 JITTER = 1e-6  # passed to the model explicitly, so the reference does not rely on a default

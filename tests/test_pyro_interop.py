@@ -14,7 +14,7 @@ from pyro.infer.autoguide import AutoMultivariateNormal, AutoNormal
 from pyro.nn import PyroModule
 
 import pyro_dgp as dgp
-from pyro_dgp.elbo import AnalyticKL_ELBO
+from pyro_dgp.infer.elbo import AnalyticKL_ELBO
 
 DT = torch.float64
 

@@ -9,7 +9,7 @@ import torch
 from pyro.infer import Trace_ELBO
 
 import pyro_dgp as dgp
-from pyro_dgp.elbo import AnalyticKL_ELBO
+from pyro_dgp.infer.elbo import AnalyticKL_ELBO
 from pyro_dgp.linalg import CholeskyError
 
 DT = torch.float64
@@ -292,7 +292,7 @@ def test_pyro_svi_sees_and_trains_every_parameter(step, likelihood, guide_kind):
         "chain": lambda: dgp.guides.Chain(model),
         "autonormal": lambda: dgp.complete(AutoNormal(dgp.inducing_only(model)), model),
     }[guide_kind]()
-    elbo = dgp.training.make_objective("auto", guide)
+    elbo = dgp.infer.training.make_objective("auto", guide)
     with torch.no_grad():
         guide(X, y)
     params = {id(p): n for m in (model, guide) for n, p in m.named_parameters()

@@ -31,12 +31,12 @@ import torch
 from pyro import poutine
 
 from .. import datasets, kernels
+from ..gp.deep_gp import DeepGP
+from ..gp.layer import GPLayer
 from ..guides import Chain, Coupled, MeanField
 from ..guides.base import shared_draws
-from ..layer import GPLayer
-from ..likelihoods import Gaussian
-from ..model import DeepGP
-from ..training import fit, make_objective
+from ..infer.training import fit, make_objective
+from ..likelihoods.base import Gaussian
 from . import cpu_model
 
 __all__ = ["build_model", "layer_variances_at_zero", "main"]

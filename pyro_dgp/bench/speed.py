@@ -66,8 +66,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..conditional import quadratic_conditional
-from ..training import make_objective, make_optimizer
+from ..gp.conditional import quadratic_conditional
+from ..infer.training import make_objective, make_optimizer
 from . import cpu_model
 
 __all__ = ["Config", "PlainDSVI", "build_parser", "main", "make_implementations"]

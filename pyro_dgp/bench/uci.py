@@ -38,11 +38,11 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import datasets
+from ..gp.deep_gp import DeepGP
 from ..guides.registry import GUIDES, make_guide
-from ..metrics import coverage, crps, nll, rmse
-from ..model import DeepGP
-from ..prediction import predict
-from ..training import TrainingDivergedError, fit
+from ..infer.training import TrainingDivergedError, fit
+from ..prediction.metrics import coverage, crps, nll, rmse
+from ..prediction.mixture import predict
 from . import cpu_model
 
 __all__ = [

@@ -29,13 +29,12 @@ from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.trace_struct import Trace
 from pyro.poutine.util import site_is_subsample
 
-from ..layer import LAYER, SAMPLED_U_ONLY, FunctionMarginal, GPLayer, masked_out, site_role
+from ..gp.distributions import FunctionMarginal, masked_out
+from ..gp.layer import GPLayer
+from ..gp.sites import FunctionSite, InducingSite, inducing_site, layer_site
 from ..validation import unique_name
 
 __all__ = ["LayerGuide", "LayerSite", "mvn_site", "prototype_sites", "shared_draws"]
-
-_HIDE = "_dgp_hide"
-
 
 class LayerSite:
     """What a guide knows of one layer: its ``.u`` site name and the layer module."""
@@ -60,17 +59,17 @@ def prototype_sites(model, *args, **kwargs):
     """
     with torch.no_grad(), poutine.block():
         trace = poutine.trace(model).get_trace(*args, **kwargs)
-    us = [(n, s) for n, s in trace.nodes.items() if s["type"] == "sample" and site_role(s) == "u"]
+    us = [(n, s) for n, s in trace.nodes.items() if s["type"] == "sample" and inducing_site(s)]
     if not us:
         raise ValueError("the model has no GP layer (no '<layer>.u' site): nothing to guide")
     layer_sites = [
-        LayerSite(n, s["infer"][LAYER], i, i == len(us) - 1) for i, (n, s) in enumerate(us)
+        LayerSite(n, inducing_site(s).layer, i, i == len(us) - 1) for i, (n, s) in enumerate(us)
     ]
     others = [
         n
         for n, s in trace.nodes.items()
         if s["type"] == "sample"
-        and site_role(s) is None
+        and layer_site(s) is None
         and not s["is_observed"]
         and not s["cond_indep_stack"]
         and not site_is_subsample(s)
@@ -90,39 +89,39 @@ class _Redirect(Messenger):
             return
         if self.model_view is not None:
             self.model_view.append((msg, dict(msg)))
-        self._redirect(msg)
         # hide from the handlers outside the guide (its trace) what the guide does not sample,
         # as poutine.block would, without a second messenger on every message
-        if _hidden(msg):
+        if self._redirect(msg):
             msg["stop"] = True
 
-    def _redirect(self, msg):
-        role = site_role(msg)
-        site = self.guide._sites.get(msg["name"].rsplit(".", 1)[0]) if role else None
-        if role and msg["is_observed"]:
+    def _redirect(self, msg) -> bool:
+        """Redirect one site; returns whether to hide it from the guide's trace."""
+        record = layer_site(msg)
+        site = self.guide._sites.get(msg["name"].rsplit(".", 1)[0]) if record else None
+        if record is not None and msg["is_observed"]:
             raise ValueError(
                 f"{type(self.guide).__name__}: the layer site '{msg['name']}' is observed "
                 "(poutine.condition?); a layer guide draws every layer's u and f itself, so "
                 "conditioning them is not supported: give the layer fixed values instead"
             )
-        if role == "u":
+        if isinstance(record, InducingSite):
             q = self.guide.u_site(site)
-            if isinstance(q, torch.Tensor):
+            if isinstance(q, torch.Tensor):  # drawn elsewhere: hidden, its density is there
                 msg["value"], msg["is_observed"] = q, True
-                msg["infer"][_HIDE] = True
-            else:
-                msg["fn"], msg["is_observed"], msg["value"] = q, False, None
-        elif role == "f":
-            infer = msg["infer"]
-            x, u = infer["dgp_input"], infer["dgp_u"]
-            if infer.get(SAMPLED_U_ONLY):
+                return True
+            msg["fn"], msg["is_observed"], msg["value"] = q, False, None
+            return False
+        if isinstance(record, FunctionSite):
+            x, u = record.inputs, record.inducing
+            if record.given_u_only:
                 loc, var = self.guide.f_given_u(site, x, u)
             else:
                 loc, var = self.guide.f_marginal(site, x, u)
             # given the run's own draws wherever this guide's runs are importance weights
             msg["fn"] = masked_out(FunctionMarginal(loc, var, self.guide.per_draw_weights))
             msg["is_observed"], msg["value"] = False, None
-        elif msg["name"] in self.guide._supplied:
+            return False
+        if msg["name"] in self.guide._supplied:
             msg["value"], msg["is_observed"] = self.guide._supplied[msg["name"]], True
         elif not msg["is_observed"] and all(_is_vectorising(f) for f in msg["cond_indep_stack"]):
             raise ValueError(
@@ -133,12 +132,7 @@ class _Redirect(Messenger):
         # An unobserved site inside a plate is not refused: it is how an observation looks
         # when the model predicts (obs=None). A hand-written model's own local latents are
         # therefore not covered by layer guides (they are drawn from the prior, hidden).
-
-
-def _hidden(msg) -> bool:
-    if msg["type"] != "sample" or site_is_subsample(msg):
-        return False
-    return site_role(msg) is None or bool(msg["infer"].get(_HIDE))
+        return True
 
 
 class LayerGuide(PyroModule):

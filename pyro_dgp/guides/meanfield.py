@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -12,13 +11,9 @@ from pyro.nn import PyroModule, PyroParam
 
 from ..validation import check_positive_finite
 from .base import LayerGuide, LayerSite, initial_scale_tril, mvn_site
+from .params import deep_getattr
 
 __all__ = ["MeanField"]
-
-
-def deep_getattr(obj, key: str):
-    """Inverse of Pyro's ``deep_setattr``: ``obj.a.b.c`` for ``key = "a.b.c"``."""
-    return functools.reduce(getattr, key.split("."), obj)
 
 
 class MeanField(LayerGuide):

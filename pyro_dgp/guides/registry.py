@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pyro.infer import autoguide
 
-from .complete import complete, inducing_only
-from .joint import Chain, Coupled
+from .chain import Chain
+from .completed import complete, inducing_only
+from .coupled import Coupled
 from .meanfield import MeanField
 
 __all__ = ["GUIDES", "make_guide"]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from .guides.registry import make_guide
-from .model import DeepGP
+from ..gp.deep_gp import DeepGP
+from ..guides.registry import make_guide
 
 __all__ = ["save_fit", "load_fit"]
 

@@ -39,7 +39,7 @@ from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.trace_messenger import TraceMessenger
 from pyro.poutine.util import prune_subsample_sites
 
-from .guides.base import LayerGuide, _is_vectorising
+from ..guides.base import LayerGuide, _is_vectorising
 
 __all__ = ["AnalyticKL_ELBO"]
 

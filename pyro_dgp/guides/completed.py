@@ -7,7 +7,7 @@ from pyro import poutine
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
 
-from ..layer import site_role
+from ..gp.sites import function_site, inducing_site
 from .base import LayerGuide
 
 __all__ = ["Completed", "complete", "inducing_only"]
@@ -17,21 +17,20 @@ class _Placeholder(Messenger):
     """Gives every ``.f`` site zeros of its shape, so no conditional is ever computed."""
 
     def _pyro_sample(self, msg):
-        if site_role(msg) == "f":
+        record = function_site(msg)
+        if record is not None:
             fn = msg["fn"]
-            msg["value"] = torch.zeros(
-                fn.batch_shape + fn.event_shape, dtype=msg["infer"]["dgp_u"].dtype,
-                device=msg["infer"]["dgp_u"].device,
-            )
+            msg["value"] = torch.zeros(fn.batch_shape + fn.event_shape,
+                                       dtype=record.inducing.dtype, device=record.inducing.device)
             msg["is_observed"] = True
 
 
 def _not_global_latent(msg) -> bool:
     if msg["type"] != "sample" or site_is_subsample(msg):
         return False
-    if site_role(msg) == "u":
+    if inducing_site(msg):
         return False
-    return site_role(msg) == "f" or msg["is_observed"] or bool(msg["cond_indep_stack"])
+    return function_site(msg) is not None or msg["is_observed"] or bool(msg["cond_indep_stack"])
 
 
 class InducingOnly:

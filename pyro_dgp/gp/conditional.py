@@ -74,9 +74,9 @@ def conditional(
     if not whiten:
         # v = L^{-1} u, S_v^{1/2} = L^{-1} S^{1/2}; L's batch dims (random Z) sit before D
         L_d = Lzz if Lzz.dim() == 2 else Lzz.unsqueeze(-3)
-        u_loc = _solve(L_d, u_loc.unsqueeze(-1), upper=False).squeeze(-1)
+        u_loc = solve_triangular(L_d, u_loc.unsqueeze(-1), upper=False).squeeze(-1)
         if u_scale_tril is not None:
-            u_scale_tril = _solve(L_d, u_scale_tril, upper=False)
+            u_scale_tril = solve_triangular(L_d, u_scale_tril, upper=False)
     applies = (
         Lzz.dim() == 2
         and Kzx.dtype == torch.float64
@@ -104,7 +104,7 @@ def _unfold(X: torch.Tensor, batch: torch.Size, n: int) -> torch.Tensor:
     return X.reshape((X.shape[0],) + batch + (n,)).movedim(0, -2)
 
 
-def _solve(L: torch.Tensor, B: torch.Tensor, upper: bool) -> torch.Tensor:
+def solve_triangular(L: torch.Tensor, B: torch.Tensor, upper: bool) -> torch.Tensor:
     """``L^{-1} B`` for triangular ``L`` (batched like ``B``, or one ``(M, M)`` matrix).
 
     With one ``L`` and a batched ``B (..., M, n)`` the batch is folded into the columns of one
@@ -118,7 +118,7 @@ def _solve(L: torch.Tensor, B: torch.Tensor, upper: bool) -> torch.Tensor:
 
 
 def _projected(Kzx, Lzz, kxx_diag, v_loc, v_scale_tril):
-    A = _solve(Lzz, Kzx, upper=False)  # (..., M, N)
+    A = solve_triangular(Lzz, Kzx, upper=False)  # (..., M, N)
     At = A.mT  # (..., N, M)
     var = (kxx_diag - (A * A).sum(-2)).unsqueeze(-1)  # (..., N, 1)
     if v_loc.dim() == 2:
@@ -147,7 +147,7 @@ def _quadratic(Kzx, Lzz, kxx_diag, v_loc, v_scale_tril):
         W = v_scale_tril.mT @ Linv  # (D, K, M): S_d^T L^-1
         C = C - W.mT @ W  # (D, M, M)
     C = 0.5 * (C + C.mT)  # exactly symmetric, as the backward pass assumes
-    alpha = _solve(Lzz.mT, v_loc.mT, upper=True)  # (..., M, D)
+    alpha = solve_triangular(Lzz.mT, v_loc.mT, upper=True)  # (..., M, D)
     if alpha.dim() == 2:  # one q for the whole batch (training): mean and variance fused
         mean, quad = quadratic_conditional(Kzx, C, alpha)
         return mean, kxx_diag.unsqueeze(-1) - quad

@@ -52,12 +52,13 @@ from pyro import poutine
 from pyro.distributions import Delta, MaskedDistribution
 from pyro.poutine.util import site_is_subsample
 
-from .guides.base import shared_draws
-from .layer import LAYER, marginal_of, site_role
-from .likelihoods import _Expected
-from .prediction import set_up_guide
-from .rng import seeded
-from .validation import check_inputs, check_positive_int
+from ..gp.sites import function_site, inducing_site, layer_site
+from ..guides.base import shared_draws
+from ..likelihoods.base import _Expected
+from ..likelihoods.marginal import source_of
+from ..prediction.mixture import set_up_guide
+from ..rng import seeded
+from ..validation import check_inputs, check_positive_int
 
 __all__ = [
     "to_datatree",
@@ -121,14 +122,14 @@ def _without_local_sites(trace):
         if site["type"] != "sample":
             continue
         local = any(f.dim is not None and f.dim == -1 for f in site["cond_indep_stack"])
-        if site_role(site) == "f" or local or site_is_subsample(site):
+        if function_site(site) is not None or local or site_is_subsample(site):
             out.remove_node(name)
     return out
 
 
 def f_sites(trace) -> list[tuple[str, dict]]:
     """The ``<layer>.f`` sites of a trace, in the order the model samples them."""
-    return [(n, s) for n, s in trace.nodes.items() if s["type"] == "sample" and site_role(s) == "f"]
+    return [(n, s) for n, s in trace.nodes.items() if s["type"] == "sample" and function_site(s) is not None]
 
 
 def _layer_name(f_name: str) -> str:
@@ -140,7 +141,7 @@ def observation_sites(model_trace, guide_trace) -> list[tuple[str, dict]]:
     observations (observed when ``y`` was given, sampled otherwise)."""
     out = []
     for n, s in model_trace.nodes.items():
-        if s["type"] != "sample" or site_is_subsample(s) or site_role(s) is not None:
+        if s["type"] != "sample" or site_is_subsample(s) or layer_site(s) is not None:
             continue
         if s["infer"].get("_deterministic") or s["infer"].get("is_auxiliary"):
             continue  # pyro.deterministic and pyro.factor: observed sites, not observations
@@ -169,7 +170,7 @@ def point_hyperparameters(model, max_size: int = 64) -> dict[str, float | list]:
     """
     if not isinstance(model, torch.nn.Module):
         return {}
-    from .layer import GPLayer
+    from ..gp.layer import GPLayer
 
     renames = {path: m.name for path, m in model.named_modules() if isinstance(m, GPLayer) and path}
     out = {}
@@ -259,11 +260,11 @@ def to_datatree(
     # posterior: inducing outputs, from what the model's layers actually received
     u_names, layer_names, whitened = set(), [], {}
     for fname, site in fs:
-        layer = site["infer"][LAYER]
+        layer = function_site(site).layer
         lname = _layer_name(fname)
         layer_names.append(lname)
         d = dim_name(lname)
-        u = site["infer"]["dgp_u"]
+        u = function_site(site).inducing
         u = u.expand((S,) + u.shape[-2:]) if u.dim() == 2 else u.reshape((S,) + u.shape[-2:])
         var = f"{lname}.u"
         u_names.add(var)
@@ -277,7 +278,7 @@ def to_datatree(
             site["type"] != "sample"
             or site["is_observed"]
             or site_is_subsample(site)
-            or site_role(site) is not None
+            or layer_site(site) is not None
             or name in u_names
             or (site.get("infer") or {}).get("is_auxiliary")
         ):
@@ -296,22 +297,22 @@ def to_datatree(
         data["constant_data"]["grid"] = _np(grid)
         dims["grid"] = ["grid", "input_dim"]
     for fname, site in f_sites(ltrace):
-        layer = site["infer"][LAYER]
+        layer = function_site(site).layer
         lname = _layer_name(fname)
         d = dim_name(lname)
         value = site["value"]
         shape = value.shape[-2:]
         value = value.expand((S,) + shape)
         data["layers"][f"{lname}.f"] = _np(value)[None]
-        marginal = marginal_of(site["value"])
-        if marginal is not None:
-            loc, fvar = marginal
+        source = source_of(site["value"])
+        if source is not None:
+            loc, fvar = source.loc, source.var
             data["layers"][f"{lname}.f_mean"] = _np(loc.expand((S,) + shape))[None]
             data["layers"][f"{lname}.f_var"] = _np(fvar.expand((S,) + shape))[None]
         # outside the model's call a PyroSample kernel hyperparameter is a fresh sample
         # statement: replaying the guide's trace gives each draw its own value
         with torch.no_grad(), poutine.replay(trace=ltrace):
-            kxx = layer.kernel(site["infer"]["dgp_input"], diag=True)
+            kxx = layer.kernel(function_site(site).inputs, diag=True)
         data["layers"][f"{lname}.prior_var"] = _np(kxx.expand(S, shape[0]))[None]
         for suffix in ("f", "f_mean", "f_var"):
             dims[f"{lname}.{suffix}"] = [where, f"{d}_unit"]
@@ -340,7 +341,7 @@ def to_datatree(
     root.update({f"hyper.{k}": v for k, v in point_hyperparameters(model).items()})
     layer_attrs = {"layer_order": list(layer_names), "evaluated_at": where}
     if kl:
-        from .diagnostics import layer_kl
+        from .layers import layer_kl
 
         for lname, value in layer_kl(model, guide, X, trace=gtrace).items():
             layer_attrs[f"{lname}.kl"] = float(value)
@@ -500,13 +501,13 @@ def guide_log_density(guide, guide_trace, S: int) -> torch.Tensor:
         if s["type"] == "sample"
         and not s["is_observed"]
         and not site_is_subsample(s)
-        and site_role(s) != "f"
+        and function_site(s) is None
     ]
     has_aux = any((s.get("infer") or {}).get("is_auxiliary") for _, s in sites)
     layers_log_q = getattr(guide, "layers_log_q", None)
     if layers_log_q is not None:
         terms.append(layers_log_q(guide_trace, S))
-        sites = [(n, s) for n, s in sites if site_role(s) != "u"]
+        sites = [(n, s) for n, s in sites if inducing_site(s) is None]
     for name, site in sites:
         fn = _unwrap(site["fn"])
         base = fn
@@ -594,12 +595,12 @@ def variational_pareto_k(
         mtrace = _trace_model(model, _without_local_sites(gtrace), (X, y), S)
         log_p = torch.zeros_like(log_q)
         for name, site in mtrace.nodes.items():
-            if site["type"] != "sample" or site_is_subsample(site) or site_role(site) == "f":
+            if site["type"] != "sample" or site_is_subsample(site) or function_site(site) is not None:
                 continue
             scale = site["scale"]
             if site["is_observed"] and name not in gtrace.nodes:
                 lp = pointwise_log_lik(site)
-            elif name in gtrace.nodes and not site["is_observed"] or site_role(site) == "u":
+            elif name in gtrace.nodes and not site["is_observed"] or inducing_site(site) is not None:
                 lp = site["fn"].log_prob(site["value"])
             else:
                 continue

@@ -13,16 +13,16 @@ from pyro.infer.util import is_validation_enabled
 from pyro.nn import PyroModule
 from scipy.cluster.vq import kmeans2
 
-from . import kernels as K
-from .layer import GPLayer, sample_hyperparameters
-from .likelihoods import BernoulliProbit, Gaussian, Likelihood, StudentT
-from .validation import (
+from .. import kernels as K
+from ..likelihoods.base import BernoulliProbit, Gaussian, Likelihood, StudentT
+from ..validation import (
     check_inputs,
     check_positive_finite,
     check_positive_int,
     check_targets,
     unique_name,
 )
+from .layer import GPLayer, sample_hyperparameters
 
 __all__ = ["DeepGP"]
 

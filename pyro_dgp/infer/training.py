@@ -15,11 +15,11 @@ from pyro.infer import ELBO, RenyiELBO, Trace_ELBO, TraceMeanField_ELBO
 from pyro.infer.util import is_validation_enabled
 from tqdm.auto import tqdm
 
+from ..guides.base import LayerGuide
+from ..linalg import CholeskyError
+from ..validation import check_inputs, check_positive_int, check_targets
 from .elbo import AnalyticKL_ELBO
-from .guides.base import LayerGuide
 from .importance import RenyiELBO as ImportanceRenyiELBO
-from .linalg import CholeskyError
-from .validation import check_inputs, check_positive_int, check_targets
 
 __all__ = ["FitResult", "TrainingDivergedError", "fit", "make_objective", "make_optimizer"]
 

@@ -20,30 +20,11 @@ weights at all; ``pyro_dgp.fit`` refuses ``RenyiELBO`` with them).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import pyro.infer
 
+from ..likelihoods.marginal import importance_weighting, importance_weights
+
 __all__ = ["RenyiELBO", "importance_weights", "importance_weighting"]
-
-_ACTIVE = [False]
-
-
-@contextlib.contextmanager
-def importance_weights() -> Iterator[None]:
-    """Within the block, observation sites of runs that draw ``f`` given their own ``u`` score
-    ``log p(y | draw)`` (exact importance weights) rather than the ELBO's expectation."""
-    previous, _ACTIVE[0] = _ACTIVE[0], True
-    try:
-        yield
-    finally:
-        _ACTIVE[0] = previous
-
-
-def importance_weighting() -> bool:
-    """Whether :func:`importance_weights` is active."""
-    return _ACTIVE[0]
 
 
 class RenyiELBO(pyro.infer.RenyiELBO):

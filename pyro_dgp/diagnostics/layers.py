@@ -25,11 +25,11 @@ import xarray as xr
 from pyro.distributions import constraints
 from pyro.infer import autoguide
 
-from .arviz import _trace_guide, f_sites, to_datatree
-from .guides.joint import gaussian_kl_to_layer_prior
-from .layer import LAYER
-from .prediction import set_up_guide
-from .rng import seeded
+from ..gp.kl import gaussian_kl_to_layer_prior
+from ..gp.sites import function_site
+from ..prediction.mixture import set_up_guide
+from ..rng import seeded
+from .export import _trace_guide, f_sites, to_datatree
 
 __all__ = [
     "layer_kl",
@@ -156,7 +156,7 @@ def _completed_gaussians(inner, names: list[str]) -> dict:
 
 
 def _layers_of(trace) -> list[tuple[str, object]]:
-    return [(n.rsplit(".", 1)[0], s["infer"][LAYER]) for n, s in f_sites(trace)]
+    return [(n.rsplit(".", 1)[0], function_site(s).layer) for n, s in f_sites(trace)]
 
 
 def layer_kl(
@@ -176,7 +176,7 @@ def layer_kl(
     :param trace: a guide trace under ``pyro.plate("_predictive_samples", S, dim=-2)`` to reuse
         (as :func:`~pyro_dgp.arviz.to_datatree` does); else one is drawn (``num_samples``).
     """
-    from .guides import JointGaussian, MeanField
+    from ..guides import JointGaussian, MeanField
 
     if trace is None:
         set_up_guide(guide, (X,), seed, X.device)  # not inside the seeded draws: it uses the RNG
@@ -231,7 +231,7 @@ def _mc_kl(trace, lname: str, layer) -> float:
 def _mc_kl_draws(trace, lname: str, layer) -> torch.Tensor | None:
     """``(S,)`` per-draw ``log q(u^l_s) - log p(u^l_s)`` of :func:`_mc_kl` (their spread gives
     its standard error), or ``None``."""
-    from .arviz import _unwrap
+    from .export import _unwrap
 
     name = f"{lname}.u"
     usite = trace.nodes.get(name)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from scipy.stats import rankdata
 
-from .prediction import MixturePredictive
-from .validation import binary_labels
+from ..validation import binary_labels
+from .mixture import MixturePredictive
 
 __all__ = ["nll", "rmse", "crps", "coverage", "accuracy", "auc", "regression_report"]
 

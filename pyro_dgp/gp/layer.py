@@ -1,6 +1,6 @@
 """``GPLayer``: a multi-output GP layer that owns the sites ``<name>.u`` and ``<name>.f``.
 
-Site contract (DESIGN.md):
+Site contract (``docs/design.md``; the records are in :mod:`pyro_dgp.gp.sites`):
 
 - ``<name>.u``: inducing outputs, event shape ``(D_out, M)``, outside the data plate. Prior
   ``N(0, K_ZZ)`` per output (``N(0, I)`` when whitened), as a residual: the mean function is
@@ -16,81 +16,29 @@ no conditional work at all.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterator
 
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.distributions import constraints
-from pyro.distributions.kl import _kl_independent_independent
-from pyro.distributions.torch_distribution import MaskedDistribution
-from pyro.distributions.util import broadcast_shape
 from pyro.infer.util import is_validation_enabled
 from pyro.nn import PyroModule, PyroParam
-from torch.distributions import register_kl
 
-from .conditional import conditional
-from .kernels import RBF, Kernel
-from .linalg import cholesky, default_jitter
-from .validation import (
-    _finite,
+from ..kernels import RBF, Kernel
+from ..linalg import cholesky, default_jitter
+from ..validation import (
+    check_finite,
     check_inputs,
     check_positive_finite,
     check_positive_int,
     unique_name,
 )
+from . import kl  # noqa: F401  (registers the KL to the whitened prior)
+from .conditional import conditional
+from .distributions import LayerConditional, WhitenedPrior, drop_data_dim, masked_out
+from .sites import FunctionSite, InducingSite, tag
 
-__all__ = [
-    "FunctionMarginal",
-    "GPLayer",
-    "LayerConditional",
-    "marginal_given_draw",
-    "marginal_of",
-    "masked_out",
-    "sample_hyperparameters",
-    "site_role",
-]
-
-#: ``msg["infer"]`` keys that tag layer sites for guides.
-ROLE, LAYER, INPUT, INDUCING = "dgp_role", "dgp_layer", "dgp_input", "dgp_u"
-SAMPLED_U_ONLY = "dgp_sampled_u_only"
-_MARGINAL_ATTR = "_pyro_dgp_marginal"
-_GIVEN_DRAW_ATTR = "_pyro_dgp_given_draw"
-
-
-def site_role(msg: dict) -> str | None:
-    """``"u"``, ``"f"`` or ``None`` for a Pyro message or trace node."""
-    return (msg.get("infer") or {}).get(ROLE)
-
-
-def attach_marginal(value: torch.Tensor, loc: torch.Tensor, var: torch.Tensor,
-                    given_draw: bool = False) -> None:
-    """Record on a sampled ``f`` the Gaussian ``N(loc, var)`` it was drawn from.
-
-    A guide attaches it where that Gaussian is exact given everything else the guide drew, so a
-    likelihood may replace ``log p(y | f)`` by its expectation under it (Rao-Blackwellisation:
-    same expectation, lower variance). A value without it is just a sample.
-
-    :param given_draw: ``N(loc, var)`` is the model's own ``p(f | u, f_prev)`` at the run's
-        drawn ``u`` and inputs (not a collapsed ``q(f)``): then ``log int p(y | f) N(f; loc,
-        var) df`` is ``log p(y | draw)`` and the likelihood scores that (see
-        :func:`marginal_given_draw`).
-    """
-    setattr(value, _MARGINAL_ATTR, (loc, var))
-    if given_draw:
-        setattr(value, _GIVEN_DRAW_ATTR, True)
-
-
-def marginal_of(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The ``(loc, var)`` attached by :func:`attach_marginal`, or ``None``."""
-    return getattr(value, _MARGINAL_ATTR, None)
-
-
-def marginal_given_draw(value: torch.Tensor) -> bool:
-    """Whether the marginal attached to ``value`` is ``p(f | u, f_prev)`` at the run's own draw
-    (``attach_marginal(..., given_draw=True)``), not a collapsed ``q(f)``."""
-    return getattr(value, _GIVEN_DRAW_ATTR, False)
+__all__ = ["GPLayer", "sample_hyperparameters"]
 
 
 def sample_hyperparameters(module: torch.nn.Module) -> None:
@@ -102,143 +50,6 @@ def sample_hyperparameters(module: torch.nn.Module) -> None:
     for m in module.modules():
         for attr in getattr(m, "_pyro_samples", {}):
             getattr(m, attr)
-
-
-def _drop_data_dim(u: torch.Tensor) -> torch.Tensor:
-    """``(..., P, 1, D, M) -> (..., P, D, M)``.
-
-    ``u`` lives outside the data plate (dim -1), so under outer plates (particles, predictive
-    samples) its batch shape ends in a singleton at the data plate's position; dropping it lines
-    ``u`` up with the layer input ``x`` of shape ``(..., P, N, D_in)``.
-    """
-    if u.dim() <= 2:
-        return u
-    if u.shape[-3] != 1:
-        raise ValueError(
-            f"inducing outputs of shape {tuple(u.shape)} have a batch dim at the data plate's "
-            "position (-1); plates around a GP layer must use dims <= -2"
-        )
-    return u.squeeze(-3)
-
-
-class WhitenedPrior(dist.Independent):
-    """``N(0, I)`` over ``(D_out, M)``: a whitened layer's ``p(u)``.
-
-    It is ``Independent(MultivariateNormal(0, I), 1)`` (so code that reads ``.base_dist``
-    keeps working), with the log-density and the KL from a multivariate normal in closed form:
-    torch's MVN-MVN KL would solve triangular systems against ``I`` and its log_prob would
-    factorise ``I`` again at every step.
-    """
-
-    def __init__(self, output_dim: int, num_inducing: int, dtype=None, device=None):
-        loc = torch.zeros(output_dim, num_inducing, dtype=dtype, device=device)
-        eye = torch.eye(num_inducing, dtype=dtype, device=device)
-        base = dist.MultivariateNormal(loc, scale_tril=eye.expand(output_dim, -1, -1),
-                                       validate_args=False)
-        super().__init__(base, 1, validate_args=False)
-
-    def expand(self, batch_shape, _instance=None):
-        new = self._get_checked_instance(WhitenedPrior, _instance)
-        return super().expand(batch_shape, _instance=new)
-
-    def log_prob(self, value):
-        D, M = self.event_shape
-        return -0.5 * value.square().sum((-2, -1)) - 0.5 * D * M * math.log(2 * math.pi)
-
-
-@register_kl(torch.distributions.Independent, WhitenedPrior)
-def _kl_to_whitened_prior(p, q):
-    """``KL(N(m, L L^T) || N(0, I))`` per row: ``0.5 (|L|_F^2 + |m|^2 - M) - sum log diag L``,
-    summed over the ``D_out`` rows (the event dim of ``p``)."""
-    base = p.base_dist
-    if (
-        p.reinterpreted_batch_ndims != 1
-        or not isinstance(base, torch.distributions.MultivariateNormal)
-        or p.event_shape != q.event_shape
-    ):
-        return _kl_independent_independent(p, q)
-    L, m = base._unbroadcasted_scale_tril, base.loc
-    kl_rows = 0.5 * (L.square().sum((-2, -1)) + m.square().sum(-1) - m.shape[-1])
-    kl_rows = kl_rows - L.diagonal(dim1=-2, dim2=-1).log().sum(-1)
-    kl = kl_rows.expand(base.batch_shape).sum(-1)
-    if p.batch_shape == q.batch_shape:
-        return kl.expand(p.batch_shape)
-    return kl.expand(torch.broadcast_shapes(p.batch_shape, q.batch_shape))
-
-
-class _MaskedOut(MaskedDistribution):
-    """``fn.mask(False)`` whose zero log-density has the value's dtype: Pyro's is float32
-    whatever the value, which ``TraceEnum_ELBO``'s contraction rejects beside float64 terms."""
-
-    def log_prob(self, value):
-        if self._mask is not False:
-            return super().log_prob(value)
-        shape = broadcast_shape(self.base_dist.batch_shape,
-                                value.shape[: value.dim() - self.event_dim])
-        return value.new_zeros(()).expand(shape)
-
-
-def masked_out(fn: dist.TorchDistribution) -> MaskedDistribution:
-    """``fn`` with its log-density masked to zero (a ``<layer>.f`` site: DESIGN.md contract 2)."""
-    return _MaskedOut(fn, False)
-
-
-class FunctionMarginal(dist.Independent):
-    """``N(loc, var)`` per point and output, event shape ``(D_out,)``.
-
-    Its reparameterised samples carry their ``(loc, var)`` (see :func:`attach_marginal`).
-    """
-
-    def __init__(self, loc: torch.Tensor, var: torch.Tensor, given_draw: bool = False,
-                 validate_args=None):
-        super().__init__(dist.Normal(loc, var.sqrt(), validate_args=False), 1,
-                         validate_args=False)
-        self.var = var  # kept, rather than recomputed as scale**2 (an extra autograd node)
-        self.given_draw = given_draw
-
-    def rsample(self, sample_shape=torch.Size()):
-        value = super().rsample(sample_shape)
-        if not sample_shape:
-            attach_marginal(value, self.base_dist.loc, self.var, self.given_draw)
-        return value
-
-    def expand(self, batch_shape, _instance=None):
-        shape = torch.Size(batch_shape) + self.event_shape
-        return FunctionMarginal(self.base_dist.loc.expand(shape), self.var.expand(shape),
-                                self.given_draw)
-
-
-class LayerConditional(dist.TorchDistribution):
-    """``p(f | u, x)`` of one layer, computed only when sampled or scored.
-
-    batch shape ``(..., N)``, event shape ``(D_out,)``.
-    """
-
-    arg_constraints = {}
-    support = constraints.real_vector
-    has_rsample = True
-
-    def __init__(self, layer: GPLayer, x: torch.Tensor, u: torch.Tensor, validate_args=None):
-        self.layer, self.x, self.u = layer, x, u
-        batch_shape = broadcast_shape(x.shape[:-1], u.shape[:-2] + (1,))
-        self._marginal = None
-        super().__init__(batch_shape, torch.Size([layer.output_dim]), validate_args=False)
-
-    def marginal(self) -> FunctionMarginal:
-        if self._marginal is None:
-            loc, var = self.layer.conditional(self.x, self.u)
-            self._marginal = FunctionMarginal(loc, var, given_draw=True).expand(self.batch_shape)
-        return self._marginal
-
-    def rsample(self, sample_shape=torch.Size()):
-        return self.marginal().rsample(sample_shape)
-
-    def log_prob(self, value):
-        return self.marginal().log_prob(value)
-
-    def expand(self, batch_shape, _instance=None):
-        batch_shape = torch.Size(batch_shape)
-        return LayerConditional(self.layer, self.x.expand(batch_shape + self.x.shape[-1:]), self.u)
 
 
 class GPLayer(PyroModule):
@@ -378,7 +189,7 @@ class GPLayer(PyroModule):
                 f"got {tuple(W.shape)}"
             )
         W = W.to(dtype=Z.dtype, device=Z.device)  # the layer's dtype and device
-        _finite(W, "GPLayer: mean")
+        check_finite(W, "GPLayer: mean")
         self.register_buffer("mean_weight", W.clone())
         return "linear", None
 
@@ -539,17 +350,15 @@ class GPLayer(PyroModule):
         name = self.name
         sample_hyperparameters(self)
         with self.given_inducing_inputs(inducing_inputs):
-            u = pyro.sample(f"{name}.u", self.prior(), infer={ROLE: "u", LAYER: self})
-            u = _drop_data_dim(u)
+            u = pyro.sample(f"{name}.u", self.prior(), infer=tag(InducingSite(self)))
+            u = drop_data_dim(u)
             if self.function_values:
                 self.inducing_outputs = u.mT
             if plate is None:
                 plate = pyro.plate(f"{name}.data", x.shape[-2], dim=-1)
             with plate:
                 fn = masked_out(LayerConditional(self, x, u))
-                infer = {ROLE: "f", LAYER: self, INPUT: x, INDUCING: u}
-                if self.feeds_inducing_inputs:
-                    # u is also the next layer's inducing input: guides must draw f given the
-                    # sampled u (a collapsed f would lose its dependence on that input)
-                    infer[SAMPLED_U_ONLY] = True
-                return pyro.sample(f"{name}.f", fn, infer=infer)
+                # where u is also the next layer's inducing inputs, guides must draw f given the
+                # sampled u (a collapsed f would lose its dependence on that input)
+                record = FunctionSite(self, x, u, given_u_only=self.feeds_inducing_inputs)
+                return pyro.sample(f"{name}.f", fn, infer=tag(record))

@@ -11,11 +11,12 @@ from pyro.distributions import MaskedDistribution
 from pyro.infer.autoguide import AutoGuide
 from torch.special import ndtr
 
-from .guides.base import LayerGuide, shared_draws
-from .layer import marginal_of, site_role
-from .likelihoods import Gaussian, Likelihood, _Expected
-from .rng import seeded
-from .validation import check_inputs, check_positive_finite, check_positive_int
+from ..gp.sites import function_site
+from ..guides.base import LayerGuide, shared_draws
+from ..likelihoods.base import Gaussian, Likelihood, _Expected
+from ..likelihoods.marginal import source_of
+from ..rng import seeded
+from ..validation import check_inputs, check_positive_finite, check_positive_int
 
 __all__ = ["MixturePredictive", "predict", "gaussian_mixture_crps"]
 
@@ -167,14 +168,14 @@ class MixturePredictive:
 
 
 def _last_marginal(trace, site_name: str | None):
-    names = [n for n, s in trace.nodes.items() if s["type"] == "sample" and site_role(s) == "f"]
+    names = [n for n, s in trace.nodes.items() if s["type"] == "sample" and function_site(s) is not None]
     if not names:
         raise ValueError("the guide produced no '<layer>.f' site")
     name = site_name or names[-1]
-    marginal = marginal_of(trace.nodes[name]["value"])
-    if marginal is None:
-        raise ValueError(f"the guide did not attach the Gaussian marginal of '{name}'")
-    return marginal
+    source = source_of(trace.nodes[name]["value"])
+    if source is None:
+        raise ValueError(f"the guide did not record the Gaussian that '{name}' was drawn from")
+    return source.loc, source.var
 
 
 def set_up_guide(guide, args: tuple, seed: int | None, device) -> None:

@@ -2,12 +2,12 @@
 
 A likelihood is called inside the model's data plate as ``likelihood(f, y)`` and emits the
 observation site. Where the guide attached the Gaussian ``N(loc, var)`` that ``f`` was drawn
-from (see :func:`pyro_dgp.layer.attach_marginal`), the site scores ``E_{N(f; loc, var)} log
+from (see :mod:`pyro_dgp.likelihoods.marginal`), the site scores ``E_{N(f; loc, var)} log
 p(y | f)`` instead of ``log p(y | f)`` (DSVI's analytic last layer, DESIGN.md contract 4):
 closed form for the Gaussian, exact 1-D integrals on fixed log-scale trapezoid grids for the
 Student-t, Gauss-Hermite otherwise. Where that Gaussian is ``p(f | u, f_prev)`` at a guide's
 own draw (guides whose runs are importance weights, ``per_draw_weights``), inside
-:func:`pyro_dgp.importance.importance_weights` it scores ``log int p(y | f) N(f; loc, var) df
+:func:`~pyro_dgp.likelihoods.marginal.importance_weights` it scores ``log int p(y | f) N(f; loc, var) df
 = log p(y | draw)`` instead (see :class:`_Expected`).
 """
 
@@ -27,15 +27,14 @@ from pyro.infer.util import is_validation_enabled
 from pyro.nn import PyroModule, PyroParam
 from torch.special import log_ndtr, ndtr
 
-from .importance import importance_weighting
-from .layer import marginal_given_draw, marginal_of
-from .validation import (
+from ..validation import (
     check_positive_finite,
     check_positive_int,
     check_targets,
     positive_tensor,
     unique_name,
 )
+from .marginal import importance_weighting, source_of
 
 __all__ = [
     "Likelihood",
@@ -302,11 +301,11 @@ class Likelihood(PyroModule):
                 check_targets(y, f.shape[-2], label=name, binary=self.binary)
             if y.dim() != 1:
                 raise ValueError(f"{name} must be 1-D of shape (N,), got {tuple(y.shape)}")
-        marginal = marginal_of(f)
-        if marginal is not None:
-            loc, var = (t.squeeze(-1) for t in marginal)
+        source = source_of(f)
+        if source is not None:
+            loc, var = source.loc.squeeze(-1), source.var.squeeze(-1)
             # reads the hyperparameters now, in this call
-            integrated = marginal_given_draw(f) and importance_weighting()
+            integrated = source.given_draw and importance_weighting()
             fn = _Expected(self, loc, var, f=f.squeeze(-1), integrated=integrated)
         else:
             fn = self.conditional(f.squeeze(-1))

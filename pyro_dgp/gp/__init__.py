@@ -1,0 +1,6 @@
+"""The deep GP prior: the one GP conditional, ``GPLayer`` and its sites, ``DeepGP``."""
+
+from .deep_gp import DeepGP
+from .layer import GPLayer
+
+__all__ = ["DeepGP", "GPLayer"]

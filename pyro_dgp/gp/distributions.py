@@ -1,0 +1,135 @@
+"""The distributions of a GP layer's sites: the whitened prior ``N(0, I)`` of ``u``, the
+masked ``.f`` site, the guides' per-point Gaussian of ``f`` and the model's lazy conditional."""
+
+from __future__ import annotations
+
+import math
+
+import pyro.distributions as dist
+import torch
+from pyro.distributions import constraints
+from pyro.distributions.torch_distribution import MaskedDistribution
+from pyro.distributions.util import broadcast_shape
+
+from ..likelihoods.marginal import SourceGaussian, record_source
+
+__all__ = ["FunctionMarginal", "LayerConditional", "WhitenedPrior", "drop_data_dim",
+           "masked_out"]
+
+
+def drop_data_dim(u: torch.Tensor) -> torch.Tensor:
+    """``(..., P, 1, D, M) -> (..., P, D, M)``.
+
+    ``u`` lives outside the data plate (dim -1), so under outer plates (particles, predictive
+    samples) its batch shape ends in a singleton at the data plate's position; dropping it lines
+    ``u`` up with the layer input ``x`` of shape ``(..., P, N, D_in)``.
+    """
+    if u.dim() <= 2:
+        return u
+    if u.shape[-3] != 1:
+        raise ValueError(
+            f"inducing outputs of shape {tuple(u.shape)} have a batch dim at the data plate's "
+            "position (-1); plates around a GP layer must use dims <= -2"
+        )
+    return u.squeeze(-3)
+
+
+class WhitenedPrior(dist.Independent):
+    """``N(0, I)`` over ``(D_out, M)``: a whitened layer's ``p(u)``.
+
+    It is ``Independent(MultivariateNormal(0, I), 1)`` (so code that reads ``.base_dist``
+    keeps working), with the log-density and the KL from a multivariate normal in closed form:
+    torch's MVN-MVN KL would solve triangular systems against ``I`` and its log_prob would
+    factorise ``I`` again at every step.
+    """
+
+    def __init__(self, output_dim: int, num_inducing: int, dtype=None, device=None):
+        loc = torch.zeros(output_dim, num_inducing, dtype=dtype, device=device)
+        eye = torch.eye(num_inducing, dtype=dtype, device=device)
+        base = dist.MultivariateNormal(loc, scale_tril=eye.expand(output_dim, -1, -1),
+                                       validate_args=False)
+        super().__init__(base, 1, validate_args=False)
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(WhitenedPrior, _instance)
+        return super().expand(batch_shape, _instance=new)
+
+    def log_prob(self, value):
+        D, M = self.event_shape
+        return -0.5 * value.square().sum((-2, -1)) - 0.5 * D * M * math.log(2 * math.pi)
+
+
+class _MaskedOut(MaskedDistribution):
+    """``fn.mask(False)`` whose zero log-density has the value's dtype: Pyro's is float32
+    whatever the value, which ``TraceEnum_ELBO``'s contraction rejects beside float64 terms."""
+
+    def log_prob(self, value):
+        if self._mask is not False:
+            return super().log_prob(value)
+        shape = broadcast_shape(self.base_dist.batch_shape,
+                                value.shape[: value.dim() - self.event_dim])
+        return value.new_zeros(()).expand(shape)
+
+
+def masked_out(fn: dist.TorchDistribution) -> MaskedDistribution:
+    """``fn`` with its log-density masked to zero (a ``<layer>.f`` site: DESIGN.md contract 2)."""
+    return _MaskedOut(fn, False)
+
+
+class FunctionMarginal(dist.Independent):
+    """``N(loc, var)`` per point and output, event shape ``(D_out,)``.
+
+    Each reparameterised draw is recorded with its ``(loc, var)``
+    (:func:`~pyro_dgp.likelihoods.marginal.record_source`).
+    """
+
+    def __init__(self, loc: torch.Tensor, var: torch.Tensor, given_draw: bool = False,
+                 validate_args=None):
+        super().__init__(dist.Normal(loc, var.sqrt(), validate_args=False), 1,
+                         validate_args=False)
+        self.var = var  # kept, rather than recomputed as scale**2 (an extra autograd node)
+        self.given_draw = given_draw
+
+    def rsample(self, sample_shape=torch.Size()):
+        value = super().rsample(sample_shape)
+        if not sample_shape:
+            record_source(value, SourceGaussian(self.base_dist.loc, self.var, self.given_draw))
+        return value
+
+    def expand(self, batch_shape, _instance=None):
+        shape = torch.Size(batch_shape) + self.event_shape
+        return FunctionMarginal(self.base_dist.loc.expand(shape), self.var.expand(shape),
+                                self.given_draw)
+
+
+class LayerConditional(dist.TorchDistribution):
+    """``p(f | u, x)`` of one layer, computed only when sampled or scored.
+
+    batch shape ``(..., N)``, event shape ``(D_out,)``.
+    """
+
+    arg_constraints = {}
+    support = constraints.real_vector
+    has_rsample = True
+
+    def __init__(self, layer, x: torch.Tensor, u: torch.Tensor, validate_args=None):
+        self.layer, self.x, self.u = layer, x, u
+        batch_shape = broadcast_shape(x.shape[:-1], u.shape[:-2] + (1,))
+        self._marginal = None
+        super().__init__(batch_shape, torch.Size([layer.output_dim]), validate_args=False)
+
+    def marginal(self) -> FunctionMarginal:
+        if self._marginal is None:
+            loc, var = self.layer.conditional(self.x, self.u)
+            self._marginal = FunctionMarginal(loc, var, given_draw=True).expand(self.batch_shape)
+        return self._marginal
+
+    def rsample(self, sample_shape=torch.Size()):
+        return self.marginal().rsample(sample_shape)
+
+    def log_prob(self, value):
+        return self.marginal().log_prob(value)
+
+    def expand(self, batch_shape, _instance=None):
+        batch_shape = torch.Size(batch_shape)
+        return LayerConditional(self.layer, self.x.expand(batch_shape + self.x.shape[-1:]), self.u)

@@ -1,0 +1,74 @@
+"""``Coupled``: one Gaussian over the inducing outputs of all layers (Ustyuzhaninov et al.
+2020, §4.1), full rank or low rank plus diagonal."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from pyro.distributions import constraints
+from pyro.nn import PyroParam
+
+from ..validation import check_positive_int
+from .joint import JointGaussian
+from .params import copy_into, preconditioned_tril, raw_tril
+
+__all__ = ["Coupled"]
+
+
+class Coupled(JointGaussian):
+    """One Gaussian over the inducing outputs of all layers (seed 003 §4.1).
+
+    :param rank: ``None`` for a full ``T x T`` Cholesky factor, or the rank ``r`` of a
+        low-rank-plus-diagonal covariance ``W W^T + diag(d)``.
+    :param per_point: draw ``U`` per data point (see the module docstring; ``None``: while
+        ``N T K <= per_point_budget``).
+
+    Estimator (module docstring): ``u^1..u^{L-1}`` drawn jointly (seed 003's sampled-u
+    estimator, unbiased for any q), each ``f^l`` from the model's conditional given ``u^l`` and
+    ``f^{l-1}``; ``u^L`` collapsed given the other noise of the draw. Cost O(T^3) (full) or
+    O(T r^2) (low rank) per step, T = sum_l D_l M_l.
+    """
+
+    def __init__(self, model, rank: int | None = None, inner_variance: float = 1e-5,
+                 per_point: bool | None = None, name=None):
+        super().__init__(model, inner_variance, per_point, name=name)
+        self.rank = None if rank is None else check_positive_int(rank, "Coupled: rank")
+
+    def _setup_sites(self, sites):
+        blocks = self._init_blocks()
+        ref = blocks[0]
+        T = self.dim
+        self.loc = PyroParam(torch.cat([s.layer.initial_u_loc().reshape(-1) for s in sites]))
+        if self.rank is None:
+            # stored raw: factor() applies _preconditioned_tril to it
+            self.scale_tril = PyroParam(
+                raw_tril(torch.block_diag(*[b for blk in blocks for b in blk]),
+                          self._preconditioner(ref)),
+                constraints.lower_cholesky)
+        else:
+            var = torch.cat([(blk * blk).sum(-1).reshape(-1) for blk in blocks])
+            g = torch.Generator(device="cpu").manual_seed(0)
+            W = 1e-3 * math.sqrt(T) * torch.randn(T, self.rank, generator=g, dtype=ref.dtype)
+            W = W.to(ref.device)  # the factor used is W / sqrt(T): 1e-3 N(0, 1) entries
+            self.cov_factor = PyroParam(W)
+            self.cov_diag = PyroParam(var, constraints.positive)
+
+    def factor(self):
+        if self.rank is None:
+            L = preconditioned_tril(self.scale_tril, self._preconditioner(self.scale_tril))
+            return self.loc, L, None, 2 * L.diagonal().log().sum()
+        W = self.cov_factor / math.sqrt(self.cov_factor.shape[0])  # a row of W moves ~lr
+        return self.loc, W, self.cov_diag, None
+
+    def _set_blocks(self, blocks):
+        self.set_joint(torch.cat([loc for loc, _ in blocks]),
+                       torch.block_diag(*[tril for _, tril in blocks]))
+
+    def set_joint(self, loc: torch.Tensor, scale_tril: torch.Tensor) -> None:
+        """Set ``q = N(loc (T,), scale_tril scale_tril^T)`` (full-rank Coupled only)."""
+        if self.rank is not None:
+            raise ValueError("set_joint needs a full-rank Coupled guide (rank=None)")
+        copy_into(self, "loc", loc, constraints.real)
+        copy_into(self, "scale_tril", raw_tril(scale_tril, self._preconditioner(scale_tril)),
+                   constraints.lower_cholesky)

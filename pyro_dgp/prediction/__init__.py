@@ -1,0 +1,6 @@
+"""The Gaussian-mixture predictive and its scores."""
+
+from . import metrics
+from .mixture import MixturePredictive, gaussian_mixture_crps, predict
+
+__all__ = ["MixturePredictive", "gaussian_mixture_crps", "metrics", "predict"]
