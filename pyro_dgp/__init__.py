@@ -19,6 +19,7 @@ from .diagnostics import (
 from .gp import DeepGP, GPLayer
 from .guides import complete, inducing_only
 from .infer import FitResult, TrainingDivergedError, fit, importance, importance_weights
+from .infer import evaluate_elbo as elbo
 from .linalg import CholeskyError, NumericalWarning
 from .prediction import MixturePredictive, metrics, predict
 
@@ -27,6 +28,7 @@ __version__ = "0.1.0"
 __all__ = [
     "compare_guides",
     "diagnostics",
+    "elbo",
     "layer_summary",
     "load_datatree",
     "plot_diagnostics",

@@ -39,7 +39,7 @@ def _random_q(guide, X, y, seed=1, scale=0.3):
         loc = torch.randn(D, M, generator=g, dtype=DT)
         tril = torch.randn(D, M, M, generator=g, dtype=DT).tril(-1) * scale
         tril = tril + torch.diag_embed(0.2 + torch.rand(D, M, generator=g, dtype=DT))
-        guide.set_q(site.name, loc, tril)
+        guide.set_q_params(site.name, loc, tril)
         out[site.name] = (loc, tril)
     return out
 
@@ -143,7 +143,7 @@ def _exact_posterior(whiten, collapsed=True, N=15):
             m = torch.linalg.solve_triangular(L, m.unsqueeze(-1), upper=False).squeeze(-1)
             Linv = torch.linalg.solve_triangular(L, torch.eye(N, dtype=DT), upper=False)
             S = Linv @ S @ Linv.mT
-        guide.set_q("layer1.u", m.unsqueeze(0), torch.linalg.cholesky(S).unsqueeze(0))
+        guide.set_q_params("layer1.u", m.unsqueeze(0), torch.linalg.cholesky(S).unsqueeze(0))
         exact = float(MultivariateNormal(torch.zeros(N, dtype=DT), K + s2 * torch.eye(N, dtype=DT))
                       .log_prob(y))
     return model, guide, X, y, exact
@@ -195,7 +195,7 @@ def _sparse_exact_posterior(N=30, M=4):
         d = c + model.likelihood.variance
         cov = torch.linalg.inv(torch.eye(M, dtype=DT) + (A / d) @ A.T)
         cov = 0.5 * (cov + cov.T)
-        guide.set_q("layer1.u", (cov @ A @ (y / d)).unsqueeze(0),
+        guide.set_q_params("layer1.u", (cov @ A @ (y / d)).unsqueeze(0),
                     torch.linalg.cholesky(cov).unsqueeze(0))
         exact = float(MultivariateNormal(torch.zeros_like(y), A.T @ A + torch.diag(d)).log_prob(y))
     assert float(c.min()) > 1e-3  # f is not determined by u: the case the weights must handle
@@ -237,7 +237,7 @@ def test_collapsed_and_sampled_estimators_agree_and_collapsed_has_lower_variance
     params = _random_q(collapsed, X, y, seed=3, scale=0.1)
     sampled(X, y)
     for name, (loc, tril) in params.items():
-        sampled.set_q(name, loc, tril)
+        sampled.set_q_params(name, loc, tril)
     elbo = TraceMeanField_ELBO()
     pyro.set_rng_seed(1)
     a = _estimates(elbo, model, collapsed, X, y, 1000)
@@ -446,7 +446,7 @@ def test_log_q_at_the_guides_own_draws_survives_an_ill_conditioned_factor():
     guide(X, y)
     L = 0.01 * torch.ones(M, M, dtype=DT).tril(-1) + 0.003 * torch.eye(M, dtype=DT)
     loc = torch.zeros(1, M, dtype=DT)
-    guide.set_q("layer1.u", loc, L.unsqueeze(0))
+    guide.set_q_params("layer1.u", loc, L.unsqueeze(0))
     assert torch.linalg.cond(L) > 1e15  # numerically singular (float64 saturates here)
     log_q, elbo = [], []
     pyro.set_rng_seed(0)

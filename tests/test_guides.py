@@ -183,7 +183,7 @@ def test_two_guides_of_one_model_keep_separate_parameters(step_data):
     g1, g2 = dgp.guides.MeanField(model), dgp.guides.MeanField(model)
     g1(X, y)
     g2(X, y)
-    g1.set_q("layer1.u", torch.ones(1, 8, dtype=DT), torch.eye(8, dtype=DT).unsqueeze(0))
+    g1.set_q_params("layer1.u", torch.ones(1, 8, dtype=DT), torch.eye(8, dtype=DT).unsqueeze(0))
     loc2, _ = g2.q_params(g2.layer_sites[0])
     assert float(loc2.detach().abs().max()) == 0.0
 

@@ -32,7 +32,7 @@ def test_function_value_layer_elbo_is_the_closed_form():
     g = torch.Generator().manual_seed(0)
     m = torch.randn(1, 7, generator=g, dtype=DT)
     L = torch.randn(7, 7, generator=g, dtype=DT).tril(-1) * 0.2 + 0.3 * torch.eye(7, dtype=DT)
-    guide.set_q("layer1.u", m, L.unsqueeze(0))
+    guide.set_q_params("layer1.u", m, L.unsqueeze(0))
     with torch.no_grad():
         K, Kzx, kxx = layer.kernel(Z), layer.kernel(Z, X), layer.kernel(X, diag=True)
         S = L @ L.mT
@@ -140,14 +140,14 @@ def test_whitened_last_layer_is_the_non_centred_parameterisation():
     for whiten, model in models.items():
         guides[whiten] = guide = dgp.guides.MeanField(model)
         guide(X, y)
-        guide.set_q("layer1.u", m1, tril1)
+        guide.set_q_params("layer1.u", m1, tril1)
         if whiten:
-            guide.set_q("layer2.u", m, L)
+            guide.set_q_params("layer2.u", m, L)
         else:
             layer2 = model.layers[1]
             with torch.no_grad():
                 R = layer2._factor(layer2.kernel(m1.mT))
-                guide.set_q("layer2.u", layer2.mean_function(m1.mT).mT + (R @ m.mT).mT, R @ L)
+                guide.set_q_params("layer2.u", layer2.mean_function(m1.mT).mT + (R @ m.mT).mT, R @ L)
         pyro.set_rng_seed(11)
         with torch.no_grad():
             losses[whiten] = TraceMeanField_ELBO(num_particles=4).loss(model, guide, X, y)
@@ -190,7 +190,7 @@ def _random_q(guide, seed):
         m = torch.randn(D, M, generator=g, dtype=DT)
         L = torch.randn(D, M, M, generator=g, dtype=DT).tril(-1) * 0.1
         L = L + torch.diag_embed(0.2 + torch.rand(D, M, generator=g, dtype=DT))
-        guide.set_q(site.name, m, L)
+        guide.set_q_params(site.name, m, L)
         yield site, m, L
 
 
@@ -328,7 +328,7 @@ def test_figure5_paths_follow_each_draw_of_u():
     guide(data.X_train, data.y_train)
     M = 8
     tril = 0.3 * torch.eye(M, dtype=DT) + 0.05 * torch.ones(M, M, dtype=DT).tril(-1)
-    guide.set_q("layer1.u", torch.zeros(1, M, dtype=DT), tril.unsqueeze(0))
+    guide.set_q_params("layer1.u", torch.zeros(1, M, dtype=DT), tril.unsqueeze(0))
     grid = torch.linspace(-1, 1, 9, dtype=DT).unsqueeze(-1)
     pyro.set_rng_seed(0)
     S = 2000

@@ -189,6 +189,12 @@ class DeepGP(PyroModule):
     def input_dim(self) -> int:
         return self.layers[0].input_dim
 
+    def example_args(self) -> tuple[torch.Tensor]:
+        """Arguments of a prototype run before any data: one input row of zeros in the
+        model's dtype and device (guides build their parameters from it)."""
+        Z = self.layers[0].inducing_points.detach()
+        return (Z.new_zeros(1, self.input_dim),)
+
     def forward(self, X: torch.Tensor, y: torch.Tensor | None = None):
         # finiteness with Pyro's validation only: fit checks the data once, then runs its
         # steps without validation

@@ -14,7 +14,8 @@ from torch.distributions import register_kl
 from ..linalg import CholeskyError
 from .distributions import WhitenedPrior
 
-__all__ = ["gaussian_kl_to_layer_prior", "logdet_low_rank"]
+__all__ = ["gaussian_kl_to_layer_prior", "layer_gaussian_kl", "logdet_low_rank",
+           "triangular_of_rows"]
 
 
 @register_kl(torch.distributions.Independent, WhitenedPrior)
@@ -88,3 +89,56 @@ def logdet_low_rank(R, d):
         raise CholeskyError("Coupled (low rank): the covariance factor or diagonal holds "
                             "NaN or inf values")
     return d.log().sum() + L.diagonal().log().sum() * 2
+
+
+def layer_gaussian_kl(loc: torch.Tensor, layer, rows=None, tril=None,
+                 random_Z: bool = False) -> torch.Tensor:
+    """``KL(q || p(u))`` for the flattened ``(D * M,)`` inducing outputs of ``layer``
+    (row-major ``(D, M)``; the prior is block diagonal over the D rows), with ``Cov q`` given
+    by per-row Cholesky factors ``tril (D, M, M)`` (a block-diagonal ``q``) or by any factor's
+    rows ``rows (D M, K)``, ``Cov q = rows rows^T``.
+
+    ``Cov q`` itself is never formed and refactorised: that squares the factor's condition
+    number and fails (or loses the small eigenvalues' digits) once training has made the
+    factor ill-conditioned. Where a triangular factor of a block is needed it comes from a QR
+    decomposition of the block's rows, ``rows_b rows_b^T = r^T r``.
+
+    With ``random_Z`` the layer's prior is batched over draws of its inducing inputs (set by
+    ``layer.given_inducing_inputs``) and the KL is averaged over them."""
+    with torch.no_grad():
+        if tril is not None:
+            blocks = tril
+            logdet = 2 * tril.diagonal(dim1=-2, dim2=-1).abs().log().sum()
+            rows = torch.block_diag(*tril)
+        else:
+            logdet = 2 * triangular_of_rows(rows).diagonal().abs().log().sum()
+            blocks = None
+        if not random_Z:
+            return gaussian_kl_to_layer_prior([layer], loc.reshape(-1), rows, logdet_S=logdet)
+        prior = layer.prior().base_dist  # batch (S, 1, D), event M
+        D, M = prior.loc.shape[-2:]
+        p_loc = prior.loc.reshape(-1, D, M)
+        p_tril = prior.scale_tril.reshape(-1, D, M, M)
+        if blocks is None:  # triangular factors of the diagonal blocks S_dd of S
+            blocks = triangular_of_rows(rows.reshape(D, M, -1))
+        # gaussian_kl_to_layer_prior's formula, batched over the draws of Z: that function
+        # takes a (DM, T) factor, which over S draws would cost S D M T memory (1.3 GB for
+        # S = 256, D = 8, M = 100) where the per-row blocks cost S D M^2.
+        # 0.5 [tr(K^-1 S) + (mu - m)^T K^-1 (mu - m) - DM + log|K| - log|S|], K block diagonal
+        A = torch.linalg.solve_triangular(p_tril, blocks, upper=False)
+        diff = torch.linalg.solve_triangular(
+            p_tril, (loc.reshape(D, M) - p_loc).unsqueeze(-1), upper=False)
+        logdet_K = 2 * p_tril.diagonal(dim1=-2, dim2=-1).log().sum((-2, -1))
+        kl = 0.5 * (A.square().sum((-3, -2, -1)) + diff.square().sum((-3, -2, -1)) - D * M
+                    + logdet_K - logdet)
+        return kl.mean()
+
+
+def triangular_of_rows(rows: torch.Tensor) -> torch.Tensor:
+    """``(..., n, n)`` lower-triangular ``L`` with ``L L^T = rows rows^T`` for ``rows
+    (..., n, K)``, ``K >= n``, from the QR decomposition ``rows^T = Q r`` (``L = r^T``, its
+    diagonal of either sign); singular (a zero on the diagonal) where ``K < n``."""
+    n, K = rows.shape[-2:]
+    if K < n:  # rank-deficient: pad to a square factor, whose log det is -inf
+        rows = torch.cat([rows, rows.new_zeros(rows.shape[:-1] + (n - K,))], -1)
+    return torch.linalg.qr(rows.mT, mode="r")[1].mT

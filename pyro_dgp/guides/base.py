@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pyro.distributions as dist
 import torch
@@ -30,11 +31,13 @@ from pyro.poutine.trace_struct import Trace
 from pyro.poutine.util import site_is_subsample
 
 from ..gp.distributions import FunctionMarginal, masked_out
+from ..gp.kl import layer_gaussian_kl, triangular_of_rows
 from ..gp.layer import GPLayer
 from ..gp.sites import FunctionSite, InducingSite, inducing_site, layer_site
 from ..validation import unique_name
 
-__all__ = ["LayerGuide", "LayerSite", "mvn_site", "prototype_sites", "shared_draws"]
+__all__ = ["LayerGaussian", "LayerGuide", "LayerSite", "example_args", "mvn_site",
+           "prototype_sites", "shared_draws"]
 
 class LayerSite:
     """What a guide knows of one layer: its ``.u`` site name and the layer module."""
@@ -45,6 +48,51 @@ class LayerSite:
     @property
     def shape(self) -> torch.Size:
         return torch.Size([self.layer.output_dim, self.layer.num_inducing])
+
+
+@dataclass(frozen=True)
+class LayerGaussian:
+    """A Gaussian ``q(vec u^l) = N(loc, Cov)`` of one layer's inducing outputs, ``vec``
+    row-major over ``(D_out, M)``, with ``Cov`` given by a factor (never formed and
+    refactorised, which would square the factor's condition number):
+
+    :ivar loc: ``(D_out M,)``.
+    :ivar row_trils: ``(D_out, M, M)`` lower Cholesky factors of independent rows, or
+    :ivar rows: ``(D_out M, K)`` the rows of any factor, ``Cov = rows rows^T``.
+    """
+
+    loc: torch.Tensor
+    row_trils: torch.Tensor | None = None
+    rows: torch.Tensor | None = None
+
+    def scale_tril(self) -> torch.Tensor:
+        """``(D_out M, D_out M)`` lower Cholesky factor of ``Cov`` (positive diagonal)."""
+        if self.row_trils is not None:
+            return torch.block_diag(*self.row_trils)
+        L = triangular_of_rows(self.rows)  # from a QR decomposition: diagonal of either sign
+        return L * torch.sign(L.diagonal()).where(L.diagonal() != 0, 1.0)
+
+    def distribution(self) -> dist.MultivariateNormal:
+        """``N(loc, Cov)`` with detached parameters."""
+        with torch.no_grad():
+            return dist.MultivariateNormal(self.loc.detach().clone(),
+                                           scale_tril=self.scale_tril().detach().clone())
+
+
+def example_args(model) -> tuple:
+    """Arguments for a prototype run of ``model`` before any data are seen: the model's own
+    ``example_args()`` (a :class:`~pyro_dgp.DeepGP` gives one input row of zeros).
+
+    :raises ValueError: naming the model where it has none.
+    """
+    method = getattr(model, "example_args", None)
+    if method is None:
+        raise ValueError(
+            f"{type(model).__name__} has no example_args(): call the guide once with data "
+            "(guide(X, y)) to create its parameters, or give the model an example_args() "
+            "method returning arguments for one prototype run"
+        )
+    return tuple(method())
 
 
 def _is_vectorising(frame) -> bool:
@@ -192,6 +240,103 @@ class LayerGuide(PyroModule):
     def _setup_sites(self, sites: list[LayerSite]) -> None:
         pass
 
+    # ------------------------------------------------------------- q in the layers' u-space
+    def site(self, layer: str) -> LayerSite:
+        """The :class:`LayerSite` of ``layer`` (its name ``"layer1"`` or site ``"layer1.u"``),
+        setting the guide up from the model's ``example_args()`` if it has not run yet."""
+        self._ensure_set_up()
+        key = layer[:-2] if isinstance(layer, str) and layer.endswith(".u") else layer
+        if key not in self._sites:
+            raise KeyError(f"{type(self).__name__}: no GP layer {layer!r}; layers: "
+                           f"{list(self._sites)}")
+        return self._sites[key]
+
+    @property
+    def layer_names(self) -> list[str]:
+        """The layers' names (site prefixes), in the order the model samples them."""
+        self._ensure_set_up()
+        return list(self._sites)
+
+    def _ensure_set_up(self) -> None:
+        if not self._set_up:
+            with torch.random.fork_rng(devices=[]):  # a prototype run draws; keep the stream
+                self.setup(*example_args(self.model))
+
+    def layer_gaussian(self, site: LayerSite) -> LayerGaussian:
+        """``q(vec u^l)`` of ``site`` as a :class:`LayerGaussian` (with the autograd graph of
+        the parameters). Families whose ``q(u^l)`` is not Gaussian raise
+        ``NotImplementedError``."""
+        raise NotImplementedError(f"{type(self).__name__}: q(u) is not Gaussian")
+
+    def layer_kl(self, site: LayerSite, random_inducing: bool = False) -> torch.Tensor:
+        """``KL(q(u^l) || p(u^l))`` of ``site`` in closed form (no gradient). With
+        ``random_inducing`` the layer's prior is batched over draws of its inducing inputs
+        (inside ``layer.given_inducing_inputs``) and the KL is averaged over them.
+
+        :raises NotImplementedError: where ``q(u^l)`` is not Gaussian."""
+        g = self.layer_gaussian(site)
+        return layer_gaussian_kl(g.loc, site.layer, rows=g.rows, tril=g.row_trils,
+                                 random_Z=random_inducing)
+
+    def q(self, layer: str | None = None) -> torch.distributions.Distribution:
+        """``q`` of one layer's ``vec(u^l)`` (row-major over ``(D_out, M)``), or with
+        ``layer=None`` the joint over all layers' ``[vec u^1; ...; vec u^L]`` in the model's
+        order, as a distribution with detached parameters. Usable right after construction
+        for a model with ``example_args()`` (a :class:`~pyro_dgp.DeepGP`)."""
+        if layer is not None:
+            return self.layer_gaussian(self.site(layer)).distribution()
+        self._ensure_set_up()
+        return self._joint_q()
+
+    def _joint_q(self) -> torch.distributions.Distribution:
+        """The joint of independent layers (families that couple layers override it)."""
+        parts = [self.layer_gaussian(site).distribution() for site in self.layer_sites]
+        return dist.MultivariateNormal(
+            torch.cat([p.loc for p in parts]),
+            scale_tril=torch.block_diag(*[p.scale_tril for p in parts]))
+
+    def set_q(self, q: torch.distributions.Distribution, layer: str | None = None) -> None:
+        """Set ``q`` of one layer's ``vec(u^l)`` (``layer`` given) or the joint over all
+        layers (``layer=None``) to the Gaussian ``q`` (a ``MultivariateNormal``, or an
+        ``Independent`` of one over the rows of ``u^l``). A family that cannot represent ``q``
+        (e.g. mean-field given correlated layers) raises ``ValueError`` saying why."""
+        if isinstance(q, torch.distributions.LowRankMultivariateNormal) and self._set_low_rank(
+                None if layer is None else self.site(layer), q):
+            return
+        loc, scale_tril = gaussian_parameters(q)
+        if layer is not None:
+            site = self.site(layer)
+            _check_size(loc, site.shape.numel(), f"q of layer '{layer}'")
+            with torch.no_grad():
+                self._set_layer(site, loc, scale_tril)
+            return
+        self._ensure_set_up()
+        _check_size(loc, sum(s.shape.numel() for s in self.layer_sites), "the joint q")
+        with torch.no_grad():
+            self._set_joint(loc, scale_tril)
+
+    def _set_low_rank(self, site: LayerSite | None, q) -> bool:
+        """Set a ``LowRankMultivariateNormal`` ``q`` in a family that stores that form (of
+        ``site``, or the joint for ``None``); ``False`` to have it set as a full Gaussian."""
+        return False
+
+    def _set_layer(self, site: LayerSite, loc: torch.Tensor, scale_tril: torch.Tensor) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot set q(u) of a layer")
+
+    def _set_joint(self, loc: torch.Tensor, scale_tril: torch.Tensor) -> None:
+        """Default: independent layers; the joint must be block diagonal over layers."""
+        offset = 0
+        for site in self.layer_sites:
+            n = site.shape.numel()
+            block = slice(offset, offset + n)
+            cross = scale_tril[block, :offset]
+            if cross.numel() and bool((cross != 0).any()):
+                raise ValueError(
+                    f"{type(self).__name__} has independent layers: the joint q correlates "
+                    f"layer '{site.name}' with the layers before it")
+            self._set_layer(site, loc[block], scale_tril[block, block])
+            offset += n
+
     def u_site(self, site: LayerSite):
         """The distribution ``q(u)`` to sample at ``site`` (or a tensor drawn elsewhere)."""
         raise NotImplementedError
@@ -283,6 +428,36 @@ class LayerGuide(PyroModule):
             yield self
         finally:
             self._shared_only = previous
+
+
+def gaussian_parameters(q) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(loc (n,), scale_tril (n, n))`` of a Gaussian ``q`` over a vector: a
+    ``MultivariateNormal`` (or ``LowRankMultivariateNormal``), or an ``Independent`` of
+    multivariate normals over rows (flattened row-major, block diagonal)."""
+    base, rows = q, None
+    if isinstance(q, torch.distributions.Independent):
+        base = q.base_dist
+        rows = base.batch_shape
+    if not isinstance(base, torch.distributions.MultivariateNormal |
+                      torch.distributions.LowRankMultivariateNormal):
+        raise TypeError(f"set_q: q must be a (Independent) MultivariateNormal, got "
+                        f"{type(q).__name__}")
+    with torch.no_grad():
+        loc, tril = base.loc, base.scale_tril
+        if rows is not None and len(rows):
+            loc = loc.reshape(-1)
+            tril = torch.block_diag(*tril.expand(rows + tril.shape[-2:]).reshape(
+                (-1,) + tril.shape[-2:]))
+        elif len(base.batch_shape):
+            raise ValueError(f"set_q: q must be one distribution over a vector, got batch "
+                             f"shape {tuple(base.batch_shape)}")
+        return loc.detach().clone(), tril.detach().clone()
+
+
+def _check_size(loc: torch.Tensor, size: int, what: str) -> None:
+    if loc.shape[-1] != size:
+        raise ValueError(f"set_q: {what} has {size} entries (D_out x M per layer), got a "
+                         f"distribution over {loc.shape[-1]}")
 
 
 def shared_draws(guide) -> contextlib.AbstractContextManager:

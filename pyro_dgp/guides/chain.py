@@ -109,6 +109,41 @@ class Chain(JointGaussian):
             copy_into(self.couplings, site.name, coupling @ below * self._coupling_divisor(site),
                        constraints.real)
 
+    def _set_layer(self, site, loc, scale_tril):
+        """``q(u^l) = N(loc, scale_tril scale_tril^T)``, independent of the other layers: the
+        couplings into and out of the layer are set to zero; the other layers keep their
+        conditional parameters."""
+        zeros = loc.new_zeros
+        below = self.layer_sites[site.index - 1] if site.index > 0 else None
+        self.set_block(site, loc, scale_tril,
+                       None if below is None else zeros(loc.shape[-1], below.shape.numel()))
+        if not site.is_last:
+            above = self.layer_sites[site.index + 1]
+            copy_into(self.couplings, above.name, zeros(above.shape.numel(), loc.shape[-1]),
+                      constraints.real)
+
+    def _set_joint(self, loc, scale_tril):
+        """The chain of conditionals of ``N(loc, L L^T)``: ``B_l = S_{l,l-1} S_{l-1,l-1}^-1``
+        and ``Cov(u^l | u^{l-1}) = S_ll - B_l S_{l-1,l}``. Exact where the joint's precision is
+        block tridiagonal over layers; otherwise no chain represents it (``ValueError``)."""
+        cov = scale_tril @ scale_tril.mT
+        offsets = self._offsets()
+        blocks = [slice(o, o + s.shape.numel()) for o, s in zip(offsets, self.layer_sites,
+                                                                 strict=True)]
+        for site, block in zip(self.layer_sites, blocks, strict=True):
+            if site.index == 0:
+                self.set_block(site, loc[block], torch.linalg.cholesky(cov[block, block]))
+                continue
+            prev = blocks[site.index - 1]
+            B = torch.linalg.solve(cov[prev, prev], cov[prev, block]).mT
+            cond = cov[block, block] - B @ cov[prev, block]
+            self.set_block(site, loc[block],
+                           torch.linalg.cholesky(0.5 * (cond + cond.mT)), B)
+        _, R, _, _ = self.factor()
+        if not torch.allclose(R @ R.mT, cov, rtol=1e-6, atol=1e-8 * cov.diagonal().max()):
+            raise ValueError("set_q: the joint q is not chain-structured (its precision is not "
+                             "block tridiagonal over layers); Chain cannot represent it")
+
     def _coupling_divisor(self, site: LayerSite) -> float:
         return math.sqrt(self.layer_sites[site.index - 1].shape.numel())
 

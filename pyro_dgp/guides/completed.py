@@ -8,7 +8,14 @@ from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
 
 from ..gp.sites import function_site, inducing_site
-from .base import LayerGuide
+from .autoguide_gaussian import (
+    autoguide_joint_gaussian,
+    autoguide_layer_gaussians,
+    set_autoguide_gaussian,
+    set_autoguide_joint,
+    set_autoguide_low_rank,
+)
+from .base import LayerGaussian, LayerGuide, LayerSite, example_args
 
 __all__ = ["Completed", "complete", "inducing_only"]
 
@@ -85,16 +92,50 @@ class Completed(LayerGuide):
     def _check_others(self, others):
         pass  # the inner guide covers them; checked on every call in _before_run
 
+    def _prepare_inner(self, *args, **kwargs) -> None:
+        """Build the inner guide's parameters. Autoguides build them (and nn modules, e.g.
+        AutoIAFNormal's flows) in the default dtype; move them to the model's dtype and device."""
+        with torch.no_grad(), poutine.block():
+            self.inner(*args, **kwargs)
+        if isinstance(self.inner, torch.nn.Module):
+            ref = self.layer_sites[0].layer.inducing_points
+            self.inner.to(device=ref.device, dtype=ref.dtype)
+        self._inner_ready = True
+
+    def _ensure_set_up(self) -> None:
+        super()._ensure_set_up()
+        if not self._inner_ready:
+            with torch.random.fork_rng(devices=[]):
+                self._prepare_inner(*example_args(self.model))
+
+    def layer_gaussian(self, site: LayerSite) -> LayerGaussian:
+        self._ensure_set_up()
+        found = autoguide_layer_gaussians(self.inner, [site.name])
+        if site.name not in found:
+            raise NotImplementedError(f"complete({type(self.inner).__name__}): q of "
+                                      f"'{site.name}' is not a known Gaussian")
+        return found[site.name]
+
+    def _set_layer(self, site, loc, scale_tril):
+        set_autoguide_gaussian(self.inner, site.name, loc, scale_tril)
+
+    def _set_low_rank(self, site, q) -> bool:
+        names = [s.name for s in self.layer_sites] if site is None else [site.name]
+        with torch.no_grad():
+            return set_autoguide_low_rank(self.inner, names, q)
+
+    def _joint_q(self):
+        joint = autoguide_joint_gaussian(self.inner, [s.name for s in self.layer_sites])
+        return super()._joint_q() if joint is None else joint.distribution()
+
+    def _set_joint(self, loc, scale_tril):
+        if not set_autoguide_joint(self.inner, [s.name for s in self.layer_sites], loc,
+                                   scale_tril):
+            super()._set_joint(loc, scale_tril)
+
     def _before_run(self, *args, **kwargs):
         if not self._inner_ready:
-            # Autoguides build their parameters (and nn modules, e.g. AutoIAFNormal's flows) in
-            # the default dtype; move them to the model's dtype and device once built.
-            with torch.no_grad(), poutine.block():
-                self.inner(*args, **kwargs)
-            if isinstance(self.inner, torch.nn.Module):
-                ref = self.layer_sites[0].layer.inducing_points
-                self.inner.to(device=ref.device, dtype=ref.dtype)
-            self._inner_ready = True
+            self._prepare_inner(*args, **kwargs)
         trace = poutine.trace(self.inner).get_trace(*args, **kwargs)
         values = {
             n: s["value"]

@@ -65,6 +65,28 @@ class Coupled(JointGaussian):
         self.set_joint(torch.cat([loc for loc, _ in blocks]),
                        torch.block_diag(*[tril for _, tril in blocks]))
 
+    def _set_joint(self, loc, scale_tril):
+        if self.rank is not None:
+            raise ValueError(f"set_q: a low-rank Coupled guide (rank={self.rank}) cannot "
+                             "represent a given full covariance; use Coupled(model, rank=None)")
+        self.set_joint(loc, scale_tril)
+
+    def _set_low_rank(self, site, q) -> bool:
+        if self.rank is None:
+            return False
+        T = self.dim
+        if site is not None and site.shape.numel() != T:
+            raise ValueError("set_q: a low-rank Coupled guide sets q of all layers at once "
+                             "(layer=None)")
+        if q.cov_factor.shape[-1] != self.rank:
+            raise ValueError(f"set_q: q has rank {q.cov_factor.shape[-1]}, the guide "
+                             f"rank {self.rank}")
+        with torch.no_grad():
+            copy_into(self, "loc", q.loc, constraints.real)
+            copy_into(self, "cov_factor", q.cov_factor * math.sqrt(T))  # factor() divides
+            copy_into(self, "cov_diag", q.cov_diag, constraints.positive)
+        return True
+
     def set_joint(self, loc: torch.Tensor, scale_tril: torch.Tensor) -> None:
         """Set ``q = N(loc (T,), scale_tril scale_tril^T)`` (full-rank Coupled only)."""
         if self.rank is not None:

@@ -41,7 +41,7 @@ from pyro.distributions import constraints
 from ..gp.distributions import drop_data_dim
 from ..gp.kl import gaussian_kl_to_layer_prior
 from ..validation import check_positive_finite
-from .base import LayerGuide, LayerSite, initial_scale_tril, log_density_of_noise
+from .base import LayerGaussian, LayerGuide, LayerSite, initial_scale_tril, log_density_of_noise
 from .params import block_preconditioner
 
 __all__ = ["JointGaussian", "LayerSlice"]
@@ -262,6 +262,35 @@ class JointGaussian(LayerGuide):
         Rb = R[lo:hi, :hi]  # R is lower triangular: the columns beyond hi are zero
         r = torch.linalg.qr(Rb.mT, mode="r")[1]  # Rb Rb^T = r^T r
         return mean[lo:hi], Rb, None, 2 * r.diagonal().abs().log().sum()
+
+    def layer_gaussian(self, site: LayerSite) -> LayerGaussian:
+        mean, Rb, d, _ = self.marginal_factor(site)
+        rows = Rb if d is None else torch.cat([Rb, torch.diag(d.sqrt())], -1)
+        return LayerGaussian(mean, rows=rows)
+
+    def layer_kl(self, site: LayerSite, random_inducing: bool = False) -> torch.Tensor:
+        with torch.no_grad():
+            return gaussian_kl_to_layer_prior([site.layer], *self.marginal_factor(site))
+
+    def _joint_q(self):
+        with torch.no_grad():
+            mean, R, d, _ = self.factor()
+            if d is None:
+                return dist.MultivariateNormal(mean.clone(), scale_tril=R.clone())
+            return dist.LowRankMultivariateNormal(mean.clone(), R.clone(), d.clone())
+
+    def _set_layer(self, site, loc, scale_tril):
+        """``q(vec u^l)`` set to ``N(loc, scale_tril scale_tril^T)``, independent of the other
+        layers, whose joint is kept."""
+        joint = self._joint_q()
+        mean, cov = joint.loc.clone(), joint.covariance_matrix.clone()
+        lo = self._offsets()[site.index]
+        block = slice(lo, lo + site.shape.numel())
+        mean[block] = loc
+        cov[block, :] = 0
+        cov[:, block] = 0
+        cov[block, block] = scale_tril @ scale_tril.mT
+        self._set_joint(mean, torch.linalg.cholesky(cov))
 
     def kl(self) -> torch.Tensor:
         """``KL(q(U) || p(U))``, closed form."""

@@ -10,8 +10,8 @@ from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
 
 from ..validation import check_positive_finite
-from .base import LayerGuide, LayerSite, initial_scale_tril, mvn_site
-from .params import deep_getattr
+from .base import LayerGaussian, LayerGuide, LayerSite, initial_scale_tril, mvn_site
+from .params import copy_into, deep_getattr
 
 __all__ = ["MeanField"]
 
@@ -144,31 +144,34 @@ class MeanField(LayerGuide):
         mean, L_ref = self._reference(site)
         return mean + (L_ref @ loc.unsqueeze(-1)).squeeze(-1), L_ref @ tril
 
-    def set_q(self, site_name: str, loc: torch.Tensor, scale_tril: torch.Tensor) -> None:
-        """Overwrite ``q(u)`` at ``site_name`` (e.g. ``"layer1.u"``) in place.
+    def set_q_params(self, site_name: str, loc: torch.Tensor, scale_tril: torch.Tensor) -> None:
+        """Overwrite the parameters of ``q(u)`` at ``site_name`` (e.g. ``"layer1.u"``): the
+        lower-level writer behind :meth:`set_q`.
 
         :param loc: ``(D, M)``; :param scale_tril: ``(D, M, M)`` lower triangular, positive
             diagonal. Works in both Pyro parameter modes (global store or module-local).
         """
-        sites = {s.name: s for s in self.layer_sites}
-        if site_name not in sites:
-            raise KeyError(f"no inducing site {site_name!r}; sites: {list(sites)}")
-        site = sites[site_name]
+        site = self.site(site_name)
         if self._reparameterised(site):
             with torch.no_grad():
                 mean, L_ref = self._reference(site)
                 loc = torch.linalg.solve_triangular(
                     L_ref, (loc - mean).unsqueeze(-1), upper=False).squeeze(-1)
                 scale_tril = torch.linalg.solve_triangular(L_ref, scale_tril, upper=False)
-        for holder, value, constraint in (
-            (self.locs, loc, constraints.real),
-            (self.scale_trils, scale_tril, constraints.lower_cholesky),
-        ):
-            *path, leaf = site_name.split(".")
-            module = deep_getattr(holder, ".".join(path)) if path else holder
-            with torch.no_grad():
-                unconstrained = getattr(module, leaf + "_unconstrained")
-                unconstrained.copy_(torch.distributions.transform_to(constraint).inv(value))
+        copy_into(self.locs, site.name, loc, constraints.real)
+        copy_into(self.scale_trils, site.name, scale_tril, constraints.lower_cholesky)
+
+    def layer_gaussian(self, site: LayerSite) -> LayerGaussian:
+        loc, tril = self.q_params(site)
+        return LayerGaussian(loc.reshape(-1), row_trils=tril)
+
+    def _set_layer(self, site, loc, scale_tril):
+        D, M = site.shape
+        blocks = scale_tril.reshape(D, M, D, M).diagonal(dim1=0, dim2=2).permute(2, 0, 1)
+        if not torch.equal(torch.block_diag(*blocks), scale_tril):
+            raise ValueError(f"MeanField: q of layer '{site.name}' correlates the layer's "
+                             f"{D} outputs; this family has independent rows of u")
+        self.set_q_params(site.name, loc.reshape(D, M), blocks.contiguous())
 
     def _before_run(self, *args, **kwargs):
         super()._before_run(*args, **kwargs)

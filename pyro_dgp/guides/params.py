@@ -17,14 +17,22 @@ def deep_getattr(obj, key: str):
     return functools.reduce(getattr, key.split("."), obj)
 
 
-def copy_into(param_holder, name: str, value: torch.Tensor, constraint) -> None:
-    """Write the constrained ``value`` into the PyroParam ``name`` of ``param_holder``."""
+def copy_into(param_holder, name: str, value: torch.Tensor, constraint=None) -> None:
+    """Write the constrained ``value`` into the ``PyroParam`` ``name`` (a dotted path) of
+    ``param_holder``, under ``constraint`` (default: the one the parameter was declared with).
+    Works in both of Pyro's parameter modes (global store or module-local)."""
     *path, leaf = name.split(".")
     module = deep_getattr(param_holder, ".".join(path)) if path else param_holder
+    declared = getattr(module, "_pyro_params", {}).get(leaf)
+    if declared is None:  # a plain nn.Parameter (e.g. an autoguide's loc): no constraint
+        with torch.no_grad():
+            getattr(module, leaf).copy_(value)
+        return
+    if constraint is None:
+        constraint = declared[0]
     with torch.no_grad():
         getattr(module, leaf + "_unconstrained").copy_(
-            torch.distributions.transform_to(constraint).inv(value)
-        )
+            torch.distributions.transform_to(constraint).inv(value))
 
 
 def block_preconditioner(sizes: list[int], like: torch.Tensor) -> torch.Tensor:

@@ -3,15 +3,19 @@
 from .checkpoint import load_fit, save_fit
 from .elbo import AnalyticKL_ELBO
 from .importance import RenyiELBO, importance_weights
+from .objectives import ELBOEstimate, evaluate_elbo, make_objective
 from .training import FitResult, TrainingDivergedError, fit
 
 __all__ = [
     "AnalyticKL_ELBO",
+    "ELBOEstimate",
     "FitResult",
     "RenyiELBO",
     "TrainingDivergedError",
+    "evaluate_elbo",
     "fit",
     "importance_weights",
     "load_fit",
+    "make_objective",
     "save_fit",
 ]

@@ -1,16 +1,43 @@
-"""Saving and loading fitted models with their guides."""
+"""Checkpoints of a run (random streams, atomic writes) and saved fits of a model with its
+guide."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+import pyro
 import torch
 
 from ..gp.deep_gp import DeepGP
 from ..guides.registry import make_guide
 
-__all__ = ["save_fit", "load_fit"]
+__all__ = ["atomic_save", "load_fit", "rng_state", "save_fit", "set_rng_state"]
+
+
+def rng_state(generator: torch.Generator, device: torch.device) -> dict:
+    """Every random stream a step draws from: Pyro's (torch CPU, Python, NumPy), the
+    minibatch generator's and, for data on a GPU, that GPU's (the guides draw there)."""
+    state = {"pyro": pyro.util.get_rng_state(), "batches": generator.get_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, generator: torch.Generator, device: torch.device) -> None:
+    # generator states must be CPU byte tensors, whatever map_location moved them to
+    pyro_state = dict(state["pyro"], torch=state["pyro"]["torch"].cpu())
+    pyro.util.set_rng_state(pyro_state)
+    generator.set_state(state["batches"].cpu())
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
+
+
+def atomic_save(path: Path, payload: dict) -> None:
+    """``torch.save`` to ``path`` through a temporary file and a rename."""
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)  # atomic: an interrupted save never leaves a half-written checkpoint
 
 
 def save_fit(path: str | os.PathLike, model: DeepGP, guide, config: dict) -> None:

@@ -11,15 +11,13 @@ from pathlib import Path
 
 import pyro
 import torch
-from pyro.infer import ELBO, RenyiELBO, Trace_ELBO, TraceMeanField_ELBO
 from pyro.infer.util import is_validation_enabled
 from tqdm.auto import tqdm
 
-from ..guides.base import LayerGuide
 from ..linalg import CholeskyError
 from ..validation import check_inputs, check_positive_int, check_targets
-from .elbo import AnalyticKL_ELBO
-from .importance import RenyiELBO as ImportanceRenyiELBO
+from .checkpoint import atomic_save, rng_state, set_rng_state
+from .objectives import evaluate_elbo, make_objective
 
 __all__ = ["FitResult", "TrainingDivergedError", "fit", "make_objective", "make_optimizer"]
 
@@ -30,85 +28,25 @@ class TrainingDivergedError(FloatingPointError):
 
 @dataclass
 class FitResult:
-    """``losses[k]`` is the negative ELBO estimate (objective) at step k (full-data scale);
-    ``seconds`` the wall time of the run's steps, those of the calls it resumed included."""
+    """``losses[k]`` is the objective (negative ELBO estimate) at step k, full-data scale;
+    ``final_elbo`` the ELBO at the final parameters (:func:`~pyro_dgp.elbo`, the ELBO
+    estimator of the guide whatever the training objective, averaged over
+    ``final_elbo_particles`` draws on the training data; ``nan`` if not evaluated) and
+    ``final_elbo_stderr`` its Monte Carlo standard error; ``seconds`` the wall time of the
+    run's steps, those of the calls it resumed included."""
 
     losses: list[float] = field(default_factory=list)
     num_steps: int = 0
     seconds: float = 0.0
     resumed_from: int | None = None
+    final_elbo: float = math.nan
+    final_elbo_stderr: float = math.nan
 
-    @property
-    def final_elbo(self) -> float:
-        """Mean of the last 10% of the ELBO estimates (at least one)."""
-        tail = self.losses[-max(1, len(self.losses) // 10) :]
-        return -sum(tail) / len(tail)
-
-
-_OBJECTIVES = {
-    "elbo": lambda p, v: Trace_ELBO(num_particles=p, vectorize_particles=v, max_plate_nesting=1),
-    "meanfield": lambda p, v: AnalyticKL_ELBO(
-        num_particles=p, vectorize_particles=v, max_plate_nesting=1
-    ),
-    "renyi": lambda p, v: ImportanceRenyiELBO(alpha=0.5, num_particles=max(p, 2),
-                                              vectorize_particles=v, max_plate_nesting=1),
-}
-
-
-def make_objective(objective, guide, num_particles: int = 1) -> ELBO:
-    """An ELBO instance from a name (``"auto"``, ``"elbo"``, ``"meanfield"``, ``"renyi"``) or
-    an instance (returned as is, except that Pyro's ``RenyiELBO`` becomes
-    :class:`pyro_dgp.importance.RenyiELBO` with the same settings: exact per-draw weights).
-    ``"auto"`` is ``"meanfield"`` for guides that factorise like the prior, else ``"elbo"``
-    (Trace_ELBO). ``"meanfield"`` is :class:`~pyro_dgp.elbo.AnalyticKL_ELBO`:
-    TraceMeanField_ELBO's estimator (analytic KL), without the log-densities it discards.
-    ``"renyi"`` is :class:`pyro_dgp.importance.RenyiELBO` (alpha 0.5)."""
-    if isinstance(objective, ELBO):
-        if isinstance(objective, TraceMeanField_ELBO):
-            _warn_mean_field(guide)
-        if isinstance(objective, RenyiELBO):
-            _check_per_draw_weights(guide)
-            if not isinstance(objective, ImportanceRenyiELBO):
-                # the same settings, evaluated with exact per-draw weights (pyro_dgp.importance)
-                objective = ImportanceRenyiELBO(
-                    alpha=objective.alpha, num_particles=objective.num_particles,
-                    max_plate_nesting=objective.max_plate_nesting,
-                    vectorize_particles=objective.vectorize_particles)
-        return objective
-    num_particles = check_positive_int(num_particles, "num_particles")
-    if objective == "auto":
-        objective = "meanfield" if getattr(guide, "mean_field", False) else "elbo"
-    if objective not in _OBJECTIVES:
-        raise ValueError(
-            f"objective must be a pyro ELBO or one of {['auto', *_OBJECTIVES]}, got {objective!r}"
-        )
-    if objective == "meanfield":
-        _warn_mean_field(guide)
-    if objective == "renyi":
-        _check_per_draw_weights(guide)
-    return _OBJECTIVES[objective](num_particles, num_particles > 1)
-
-
-def _check_per_draw_weights(guide) -> None:
-    if isinstance(guide, LayerGuide) and not guide.per_draw_weights:
-        raise ValueError(
-            f"RenyiELBO needs each draw's importance weight, which {type(guide).__name__} does "
-            "not give (it draws f from a collapsed marginal, not given the sampled u, or scores "
-            "u by a closed-form KL): the result would not be a bound on log p(y). Use "
-            "MeanField(model, collapsed=False) (guide 'meanfield-sampled') or a completed "
-            "autoguide (guides.complete; 'autonormal', 'automvn', ...), or the ELBO"
-        )
-
-
-def _warn_mean_field(guide) -> None:
-    if not getattr(guide, "mean_field", False):
-        warnings.warn(
-            f"TraceMeanField_ELBO assumes a guide that factorises like the model; "
-            f"{type(guide).__name__} does not declare that (its analytic KL terms may be "
-            "wrong); use Trace_ELBO",
-            UserWarning,
-            stacklevel=3,
-        )
+    def __repr__(self) -> str:
+        last = f"{self.losses[-1]:.4g}" if self.losses else "none"
+        return (f"FitResult(num_steps={self.num_steps}, final_elbo={self.final_elbo:.6g} "
+                f"(se {self.final_elbo_stderr:.2g}), last loss={last}, "
+                f"seconds={self.seconds:.1f}, resumed_from={self.resumed_from})")
 
 
 def _parameters(*modules) -> list[torch.nn.Parameter]:
@@ -121,7 +59,7 @@ def _parameters(*modules) -> list[torch.nn.Parameter]:
     return out
 
 
-def _drop_non_finite_moments(opt: torch.optim.Optimizer) -> None:
+def drop_non_finite_moments(opt: torch.optim.Optimizer) -> None:
     """Zero the non-finite entries of an optimiser's state tensors (Adam's moments).
 
     A divergence is seen one step late: the update that made the parameters non-finite came
@@ -148,28 +86,179 @@ def make_optimizer(optimizer: type[torch.optim.Optimizer], params, lr: float):
     return optimizer(params, lr=lr)
 
 
-def _rng_state(generator: torch.Generator, device: torch.device) -> dict:
-    """Every random stream a step draws from: Pyro's (torch CPU, Python, NumPy), the
-    minibatch generator's and, for data on a GPU, that GPU's (the guides draw there)."""
-    state = {"pyro": pyro.util.get_rng_state(), "batches": generator.get_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
+
+def _check_arguments(model, X, y, num_steps, batch_size, lr, lr_decay, checkpoint_every):
+    """Validate ``fit``'s arguments; returns ``(N, B)``. Sets the model's ``num_data``."""
+    check_inputs(X)
+    N = X.shape[-2]
+    check_targets(y, N)
+    check_positive_int(num_steps, "num_steps")
+    if batch_size is not None:
+        batch_size = check_positive_int(batch_size, "batch_size")
+    if not lr > 0:
+        raise ValueError(f"lr must be positive, got {lr}")
+    if not 0 < lr_decay <= 1:
+        raise ValueError(f"lr_decay must be in (0, 1], got {lr_decay}")
+    check_positive_int(checkpoint_every, "checkpoint_every")
+    B = N if batch_size is None else min(batch_size, N)
+    if B < N and not hasattr(model, "num_data"):
+        raise ValueError(
+            "minibatching needs a model with a num_data attribute that scales its "
+            "likelihood (pyro.plate subsampling); pass batch_size=None for full batches"
+        )
+    if hasattr(model, "num_data"):
+        model.num_data = N
+    if y.dtype != X.dtype or y.device != X.device:
+        raise ValueError(f"y is {y.dtype} on {y.device} but X is {X.dtype} on {X.device}: give "
+                         "both in the model's dtype and device")
+    other = [(name, p) for name, p in model.named_parameters()
+             if p.dtype != X.dtype or p.device != X.device]
+    if other:
+        listed = ", ".join(f"{name.removesuffix('_unconstrained')} ({p.dtype} on {p.device})"
+                           for name, p in other[:4])
+        raise ValueError(
+            f"X is {X.dtype} on {X.device} but {len(other)} model parameter(s) are not: "
+            f"{listed}; build the model from the same data or call model.to(...)"
+        )
+    return N, B
 
 
-def _set_rng_state(state: dict, generator: torch.Generator, device: torch.device) -> None:
-    # generator states must be CPU byte tensors, whatever map_location moved them to
-    pyro_state = dict(state["pyro"], torch=state["pyro"]["torch"].cpu())
-    pyro.util.set_rng_state(pyro_state)
-    generator.set_state(state["batches"].cpu())
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
+class _Training:
+    """The state of one call of :func:`fit`: optimiser, random streams, checkpoint file."""
 
+    def __init__(self, model, guide, elbo, X, y, B, opt, params, generator, lr, lr_decay,
+                 num_steps, path):
+        self.model, self.guide, self.elbo, self.X, self.y, self.B = model, guide, elbo, X, y, B
+        self.opt, self.params, self.generator = opt, params, generator
+        self.lr, self.lr_decay, self.num_steps, self.path = lr, lr_decay, num_steps, path
+        self.result = FitResult(num_steps=num_steps)
+        self.start, self.seconds_before, self.t0 = 0, 0.0, time.perf_counter()
+        self.last_good = None
 
-def _save(path: Path, payload: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)  # atomic: an interrupted save never leaves a half-written checkpoint
+    def resume(self) -> None:
+        """Continue from the checkpoint, if it exists (parameters, moments, streams, losses)."""
+        if self.path is None:
+            raise ValueError("resume=True needs a checkpoint path")
+        if not self.path.exists():
+            return
+        state = torch.load(self.path, map_location=self.X.device, weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.guide.load_state_dict(state["guide"])
+        self.opt.load_state_dict(state["optimizer"])
+        for group in self.opt.param_groups:  # load_state_dict brought back the saved rate
+            group["lr"] = self.lr  # (a decaying schedule sets each step's rate from lr)
+        saved_lr = state.get("lr")
+        if saved_lr is not None and saved_lr != self.lr:
+            warnings.warn(
+                f"resuming with lr={self.lr}; the checkpoint was written with lr={saved_lr}: "
+                "the run continues from its state at the new rate, not exactly",
+                UserWarning, stacklevel=3)
+        set_rng_state(state["rng"], self.generator, self.X.device)
+        self.result.losses = list(state["losses"])
+        self.start = self.result.resumed_from = int(state["step"])
+        self.seconds_before = float(state.get("seconds", 0.0))
+
+    def save(self, step: int, rng: dict | None = None) -> None:
+        """Checkpoint at the start of ``step``; ``rng``: the random state there, if the
+        streams have moved on since (a step cut short by an interrupt or a NaN)."""
+        if self.path is None:
+            return
+        atomic_save(self.path, {
+            "step": step,
+            "model": self.model.state_dict(),
+            "guide": self.guide.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "rng": rng if rng is not None else rng_state(self.generator, self.X.device),
+            "losses": self.result.losses,
+            "lr": self.lr,
+            "seconds": self.seconds_before + time.perf_counter() - self.t0,
+        })
+
+    def batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        N = self.X.shape[-2]
+        if self.B < N:
+            idx = torch.randperm(N, generator=self.generator)[: self.B].to(self.X.device)
+            return self.X[idx], self.y[idx]
+        return self.X, self.y
+
+    def loss_and_grads(self, step: int, args) -> tuple[float, Exception | None]:
+        """One evaluation of the objective and its gradient; ``(nan, error)`` where a Cholesky
+        failure after the first step shows parameters gone non-finite."""
+        # Pyro's validation (distribution arguments, the mean-field check, finiteness of layer
+        # inputs and targets) runs on the first step only: model, guide and data shapes do not
+        # change between steps, X and y were checked, and a NaN loss is caught by the caller.
+        try:
+            with pyro.validation_enabled(is_validation_enabled() and step == self.start):
+                if hasattr(self.elbo, "differentiable_loss"):
+                    loss_t = self.elbo.differentiable_loss(self.model, self.guide, *args)
+                    loss_t.backward()
+                    return float(loss_t.detach()), None
+                return float(self.elbo.loss_and_grads(self.model, self.guide, *args)), None
+        except CholeskyError as err:
+            if step == self.start:  # the starting parameters themselves: not a divergence
+                raise
+            return math.nan, err
+
+    def diverged(self, step: int, loss: float, failure, step_rng) -> TrainingDivergedError:
+        """Restore the last good parameters, checkpoint, and the error to raise."""
+        with torch.no_grad():
+            for p, good in zip(self.params, self.last_good, strict=True):
+                p.copy_(good)
+            drop_non_finite_moments(self.opt)
+        self.save(step, step_rng)
+        what = f"the loss became {loss}" if failure is None else f"{failure}"
+        return TrainingDivergedError(
+            f"{what} at step {step}; the parameters were restored to their last values "
+            f"with a finite loss. Try a smaller lr (now {self.lr}), float64 data, or more "
+            "jitter."
+        )
+
+    def step(self, step: int, step_rng) -> float:
+        args = self.batch()
+        if self.lr_decay != 1:
+            for group in self.opt.param_groups:
+                group["lr"] = self.lr * self.lr_decay ** (step / max(self.num_steps - 1, 1))
+        self.opt.zero_grad()
+        loss, failure = self.loss_and_grads(step, args)
+        if not math.isfinite(loss):
+            raise self.diverged(step, loss, failure, step_rng) from failure
+        with torch.no_grad():
+            for p, good in zip(self.params, self.last_good, strict=True):
+                good.copy_(p)
+        self.opt.step()
+        self.result.losses.append(loss)
+        return loss
+
+    def run(self, progress: bool, checkpoint_every: int) -> FitResult:
+        N, losses = self.X.shape[-2], self.result.losses
+        self.t0 = time.perf_counter()
+        self.last_good = [p.detach().clone() for p in self.params]
+        bar = tqdm(total=self.num_steps, initial=self.start, disable=not progress, desc="SVI",
+                   leave=False)
+        step, step_rng = self.start, None
+        try:
+            for step in range(self.start, self.num_steps):
+                if self.path is not None:  # the generator's state: only for a checkpoint
+                    step_rng = rng_state(self.generator, self.X.device)
+                self.step(step, step_rng)
+                if progress:
+                    bar.update(1)
+                    if step % 10 == 0:
+                        recent = losses[-50:]
+                        bar.set_postfix(elbo=f"{-sum(recent) / len(recent) / N:.4f}/pt")
+                if self.path is not None and (step + 1) % checkpoint_every == 0:
+                    self.save(step + 1)
+            step = self.num_steps
+        except KeyboardInterrupt:
+            # the step in flight is dropped; the run resumes from its start exactly (unless
+            # the interrupt came between the update and the loss record)
+            self.save(len(losses), step_rng if len(losses) == step else None)
+            raise
+        finally:
+            bar.close()
+        self.save(step)
+        self.result.seconds = self.seconds_before + time.perf_counter() - self.t0
+        return self.result
 
 
 def fit(
@@ -189,6 +278,7 @@ def fit(
     resume: bool = False,
     optimizer: type[torch.optim.Optimizer] = torch.optim.Adam,
     lr_decay: float = 1.0,
+    final_elbo_particles: int = 8,
 ) -> FitResult:
     """Train ``guide`` (and the model's hyperparameters) by SVI.
 
@@ -204,42 +294,13 @@ def fit(
         exponential decay over steps ``t = 0 .. num_steps - 1``,
         ``lr_t = lr * lr_decay ** (t / (num_steps - 1))`` (``1``: constant). A
         function of the step only, so a resumed run follows the same schedule.
+    :param final_elbo_particles: draws of the ELBO at the final parameters
+        (``FitResult.final_elbo``; 0: not evaluated). They come from their own seeded stream,
+        leaving the global random state as training left it.
     :raises TrainingDivergedError: on a NaN/inf loss or a Cholesky failure (parameters gone
         non-finite), after restoring the last good parameters and writing the checkpoint.
     """
-    check_inputs(X)
-    N = X.shape[-2]
-    check_targets(y, N)
-    num_steps = check_positive_int(num_steps, "num_steps")
-    if batch_size is not None:
-        batch_size = check_positive_int(batch_size, "batch_size")
-    if not lr > 0:
-        raise ValueError(f"lr must be positive, got {lr}")
-    if not 0 < lr_decay <= 1:
-        raise ValueError(f"lr_decay must be in (0, 1], got {lr_decay}")
-    checkpoint_every = check_positive_int(checkpoint_every, "checkpoint_every")
-    B = N if batch_size is None else min(batch_size, N)
-    if B < N:
-        if not hasattr(model, "num_data"):
-            raise ValueError(
-                "minibatching needs a model with a num_data attribute that scales its "
-                "likelihood (pyro.plate subsampling); pass batch_size=None for full batches"
-            )
-    if hasattr(model, "num_data"):
-        model.num_data = N
-    if y.dtype != X.dtype or y.device != X.device:
-        raise ValueError(f"y is {y.dtype} on {y.device} but X is {X.dtype} on {X.device}: give "
-                         "both in the model's dtype and device")
-    other = [(name, p) for name, p in model.named_parameters()
-             if p.dtype != X.dtype or p.device != X.device]
-    if other:
-        listed = ", ".join(f"{name.removesuffix('_unconstrained')} ({p.dtype} on {p.device})"
-                           for name, p in other[:4])
-        raise ValueError(
-            f"X is {X.dtype} on {X.device} but {len(other)} model parameter(s) are not: "
-            f"{listed}; build the model from the same data or call model.to(...)"
-        )
-
+    N, B = _check_arguments(model, X, y, num_steps, batch_size, lr, lr_decay, checkpoint_every)
     if seed is not None:
         pyro.set_rng_seed(seed)
     # the minibatch stream: from the seed, else from torch's global stream (as is)
@@ -250,116 +311,14 @@ def fit(
         guide(X[:B], y[:B])  # creates lazily-built variational parameters
     params = _parameters(model, guide)
     opt = make_optimizer(optimizer, params, lr)
-
-    result = FitResult(num_steps=num_steps)
-    start, seconds_before = 0, 0.0
     path = Path(checkpoint) if checkpoint is not None else None
+    training = _Training(model, guide, elbo, X, y, B, opt, params, generator, lr, lr_decay,
+                         num_steps, path)
     if resume:
-        if path is None:
-            raise ValueError("resume=True needs a checkpoint path")
-        if path.exists():
-            state = torch.load(path, map_location=X.device, weights_only=False)
-            model.load_state_dict(state["model"])
-            guide.load_state_dict(state["guide"])
-            opt.load_state_dict(state["optimizer"])
-            for group in opt.param_groups:  # load_state_dict brought back the saved rate
-                group["lr"] = lr  # (a decaying schedule sets each step's rate from lr below)
-            saved_lr = state.get("lr")
-            if saved_lr is not None and saved_lr != lr:
-                warnings.warn(
-                    f"resuming with lr={lr}; the checkpoint was written with lr={saved_lr}: "
-                    "the run continues from its state at the new rate, not exactly",
-                    UserWarning, stacklevel=2)
-            _set_rng_state(state["rng"], generator, X.device)
-            result.losses = list(state["losses"])
-            start = result.resumed_from = int(state["step"])
-            seconds_before = float(state.get("seconds", 0.0))
-
-    def save(step: int, rng: dict | None = None) -> None:
-        """Checkpoint at the start of ``step``; ``rng``: the random state there, if the
-        streams have moved on since (a step cut short by an interrupt or a NaN)."""
-        if path is not None:
-            _save(path, {
-                "step": step,
-                "model": model.state_dict(),
-                "guide": guide.state_dict(),
-                "optimizer": opt.state_dict(),
-                "rng": rng if rng is not None else _rng_state(generator, X.device),
-                "losses": result.losses,
-                "lr": lr,
-                "seconds": seconds_before + time.perf_counter() - t0,
-            })
-
-    differentiable = hasattr(elbo, "differentiable_loss")
-    validate = is_validation_enabled()
-    t0 = time.perf_counter()
-    last_good = [p.detach().clone() for p in params]
-    bar = tqdm(total=num_steps, initial=start, disable=not progress, desc="SVI", leave=False)
-    step = start
-    step_rng = None
-    try:
-        for step in range(start, num_steps):
-            if path is not None:  # the generator's state: only where a checkpoint needs it
-                step_rng = _rng_state(generator, X.device)
-            if B < N:
-                idx = torch.randperm(N, generator=generator)[:B].to(X.device)
-                args = (X[idx], y[idx])
-            else:
-                args = (X, y)
-            if lr_decay != 1:
-                for group in opt.param_groups:
-                    group["lr"] = lr * lr_decay ** (step / max(num_steps - 1, 1))
-            opt.zero_grad()
-            # Pyro's validation (distribution arguments, the mean-field check, finiteness of
-            # layer inputs and targets) runs on the first step only: model, guide and data
-            # shapes do not change between steps, X and y were checked above, and a NaN loss
-            # is caught below. Its checks would run again at every step.
-            failure = None
-            try:
-                with pyro.validation_enabled(validate and step == start):
-                    if differentiable:
-                        loss_t = elbo.differentiable_loss(model, guide, *args)
-                        loss_t.backward()
-                        loss = float(loss_t.detach())
-                    else:
-                        loss = float(elbo.loss_and_grads(model, guide, *args))
-            except CholeskyError as err:
-                if step == start:  # the starting parameters themselves: not a divergence
-                    raise
-                loss, failure = math.nan, err  # parameters gone non-finite show up here first
-            if not math.isfinite(loss):
-                with torch.no_grad():
-                    for p, good in zip(params, last_good, strict=True):
-                        p.copy_(good)
-                    _drop_non_finite_moments(opt)
-                save(step, step_rng)
-                what = f"the loss became {loss}" if failure is None else f"{failure}"
-                raise TrainingDivergedError(
-                    f"{what} at step {step}; the parameters were restored to their last values "
-                    f"with a finite loss. Try a smaller lr (now {lr}), float64 data, or more "
-                    "jitter."
-                ) from failure
-            with torch.no_grad():
-                for p, good in zip(params, last_good, strict=True):
-                    good.copy_(p)
-            opt.step()
-            result.losses.append(loss)
-            if progress:
-                bar.update(1)
-                if step % 10 == 0:
-                    recent = result.losses[-50:]
-                    bar.set_postfix(elbo=f"{-sum(recent) / len(recent) / N:.4f}/pt")
-            if path is not None and (step + 1) % checkpoint_every == 0:
-                save(step + 1)
-        step = num_steps
-    except KeyboardInterrupt:
-        # the step in flight is dropped; the rest of the run resumes from its start exactly
-        # (unless the interrupt came between the update and the loss record)
-        interrupted = len(result.losses)
-        save(interrupted, step_rng if interrupted == step else None)
-        raise
-    finally:
-        bar.close()
-    save(step)
-    result.seconds = seconds_before + time.perf_counter() - t0
+        training.resume()
+    result = training.run(progress, checkpoint_every)
+    if final_elbo_particles:
+        estimate = evaluate_elbo(model, guide, X, y, final_elbo_particles, "auto",
+                                 seed=0 if seed is None else seed)
+        result.final_elbo, result.final_elbo_stderr = estimate.value, estimate.stderr
     return result

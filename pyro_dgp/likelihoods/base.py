@@ -7,8 +7,8 @@ p(y | f)`` instead of ``log p(y | f)`` (DSVI's analytic last layer, DESIGN.md co
 closed form for the Gaussian, exact 1-D integrals on fixed log-scale trapezoid grids for the
 Student-t, Gauss-Hermite otherwise. Where that Gaussian is ``p(f | u, f_prev)`` at a guide's
 own draw (guides whose runs are importance weights, ``per_draw_weights``), inside
-:func:`~pyro_dgp.likelihoods.marginal.importance_weights` it scores ``log int p(y | f) N(f; loc, var) df
-= log p(y | draw)`` instead (see :class:`_Expected`).
+:func:`~pyro_dgp.likelihoods.marginal.importance_weights` it scores
+``log int p(y | f) N(f; loc, var) df = log p(y | draw)`` instead (see :class:`_Expected`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,121 @@
+"""Objectives by name, their validity for a guide, and the ELBO of a fitted model."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import torch
+from pyro.infer import ELBO, RenyiELBO, Trace_ELBO, TraceMeanField_ELBO
+
+from ..guides.base import LayerGuide
+from ..rng import seeded
+from ..validation import check_inputs, check_positive_int, check_targets
+from .elbo import AnalyticKL_ELBO
+from .importance import RenyiELBO as ImportanceRenyiELBO
+
+__all__ = ["ELBOEstimate", "evaluate_elbo", "make_objective"]
+
+
+_OBJECTIVES = {
+    "elbo": lambda p, v: Trace_ELBO(num_particles=p, vectorize_particles=v, max_plate_nesting=1),
+    "meanfield": lambda p, v: AnalyticKL_ELBO(
+        num_particles=p, vectorize_particles=v, max_plate_nesting=1
+    ),
+    "renyi": lambda p, v: ImportanceRenyiELBO(alpha=0.5, num_particles=max(p, 2),
+                                              vectorize_particles=v, max_plate_nesting=1),
+}
+
+
+def make_objective(objective, guide, num_particles: int = 1) -> ELBO:
+    """An ELBO instance from a name (``"auto"``, ``"elbo"``, ``"meanfield"``, ``"renyi"``) or
+    an instance (returned as is, except that Pyro's ``RenyiELBO`` becomes
+    :class:`~pyro_dgp.infer.importance.RenyiELBO` with the same settings: exact per-draw weights).
+    ``"auto"`` is ``"meanfield"`` for guides that factorise like the prior, else ``"elbo"``
+    (Trace_ELBO). ``"meanfield"`` is :class:`~pyro_dgp.infer.elbo.AnalyticKL_ELBO`:
+    TraceMeanField_ELBO's estimator (analytic KL), without the log-densities it discards.
+    ``"renyi"`` is :class:`~pyro_dgp.infer.importance.RenyiELBO` (alpha 0.5)."""
+    if isinstance(objective, ELBO):
+        if isinstance(objective, TraceMeanField_ELBO):
+            _warn_mean_field(guide)
+        if isinstance(objective, RenyiELBO):
+            _check_per_draw_weights(guide)
+            if not isinstance(objective, ImportanceRenyiELBO):
+                # the same settings, evaluated with exact per-draw weights (infer/importance.py)
+                objective = ImportanceRenyiELBO(
+                    alpha=objective.alpha, num_particles=objective.num_particles,
+                    max_plate_nesting=objective.max_plate_nesting,
+                    vectorize_particles=objective.vectorize_particles)
+        return objective
+    num_particles = check_positive_int(num_particles, "num_particles")
+    if objective == "auto":
+        objective = "meanfield" if getattr(guide, "mean_field", False) else "elbo"
+    if objective not in _OBJECTIVES:
+        raise ValueError(
+            f"objective must be a pyro ELBO or one of {['auto', *_OBJECTIVES]}, got {objective!r}"
+        )
+    if objective == "meanfield":
+        _warn_mean_field(guide)
+    if objective == "renyi":
+        _check_per_draw_weights(guide)
+    return _OBJECTIVES[objective](num_particles, num_particles > 1)
+
+
+def _check_per_draw_weights(guide) -> None:
+    if isinstance(guide, LayerGuide) and not guide.per_draw_weights:
+        raise ValueError(
+            f"RenyiELBO needs each draw's importance weight, which {type(guide).__name__} does "
+            "not give (it draws f from a collapsed marginal, not given the sampled u, or scores "
+            "u by a closed-form KL): the result would not be a bound on log p(y). Use "
+            "MeanField(model, collapsed=False) (guide 'meanfield-sampled') or a completed "
+            "autoguide (guides.complete; 'autonormal', 'automvn', ...), or the ELBO"
+        )
+
+
+def _warn_mean_field(guide) -> None:
+    if not getattr(guide, "mean_field", False):
+        warnings.warn(
+            f"TraceMeanField_ELBO assumes a guide that factorises like the model; "
+            f"{type(guide).__name__} does not declare that (its analytic KL terms may be "
+            "wrong); use Trace_ELBO",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+@dataclass(frozen=True)
+class ELBOEstimate:
+    """A Monte Carlo estimate of the ELBO: ``value`` the mean over ``num_particles``
+    independent draws, ``stderr`` its standard error (``nan`` for one draw)."""
+
+    value: float
+    stderr: float
+    num_particles: int
+
+    def __float__(self) -> float:
+        return self.value
+
+
+def evaluate_elbo(model, guide, X: torch.Tensor, y: torch.Tensor, num_particles: int = 16,
+                  objective="auto", seed: int | None = 0) -> ELBOEstimate:
+    """The ELBO of ``guide`` on the data ``(X (N, D), y (N,))`` at the current parameters.
+
+    Each particle is one evaluation of the objective (``"auto"``: the estimator ``fit`` trains
+    with, see :func:`make_objective`) on all of ``X``; for a model with ``num_data`` larger
+    than ``N`` the likelihood is scaled by ``num_data / N``. With ``seed`` the draws leave the
+    global random state untouched.
+    """
+    check_inputs(X)
+    check_targets(y, X.shape[-2])
+    num_particles = check_positive_int(num_particles, "num_particles")
+    elbo = make_objective(objective, guide)
+    values = []
+    with torch.no_grad(), seeded(seed, X.device):
+        for _ in range(num_particles):
+            values.append(-float(elbo.loss(model, guide, X, y)))
+    mean = math.fsum(values) / num_particles
+    if num_particles == 1:
+        return ELBOEstimate(mean, math.nan, 1)
+    var = math.fsum((v - mean) ** 2 for v in values) / (num_particles - 1)
+    return ELBOEstimate(mean, math.sqrt(var / num_particles), num_particles)

@@ -1,0 +1,158 @@
+"""The guide interface every family shares: read and set q(u) in the layers' u-space, right
+after construction, and the ELBO of a chosen q against the closed-form SVGP ELBO."""
+
+import math
+
+import pytest
+import torch
+from torch.distributions import LowRankMultivariateNormal, MultivariateNormal
+
+import pyro_dgp as dgp
+from pyro_dgp.guides.registry import GUIDES, make_guide
+
+from test_elbo_known_answers import _dense_svgp_elbo, _single_layer
+
+DT = torch.float64
+#: families whose estimator of a one-layer ELBO is exact: u of the last layer is integrated
+#: out (collapsed) and the KL is in closed form. Low-rank Coupled integrates only the diagonal
+#: part of its covariance (the low-rank part is drawn), so it is unbiased, not exact.
+EXACT = {"meanfield", "coupled", "coupled-per-point", "chain", "chain-per-point"}
+#: a normalising flow has no Gaussian q to read or set
+NOT_GAUSSIAN = {"autoiaf"}
+
+
+def _chosen_q(M: int, low_rank: int | None = None):
+    g = torch.Generator().manual_seed(7)
+    loc = 0.5 * torch.randn(M, generator=g, dtype=DT)
+    if low_rank is not None:
+        W = 0.3 * torch.randn(M, low_rank, generator=g, dtype=DT)
+        d = 0.05 + 0.1 * torch.rand(M, generator=g, dtype=DT)
+        return LowRankMultivariateNormal(loc, W, d)
+    A = torch.randn(M, M, generator=g, dtype=DT)
+    return MultivariateNormal(loc, covariance_matrix=0.05 * A @ A.mT / M + 0.02 * torch.eye(
+        M, dtype=DT))
+
+
+def _rank(name, guide):
+    """The rank of a low-rank family (``None`` for the others)."""
+    if name == "coupled-lowrank":
+        return guide.rank
+    if name == "autolowrank":
+        guide.layer_names  # sets the autoguide up
+        return guide.inner.rank
+    return None
+
+
+@pytest.mark.parametrize("name", sorted(GUIDES))
+def test_every_family_set_to_a_chosen_gaussian_gives_the_closed_form_svgp_elbo(name):
+    """Set right after construction (no call of the guide), through ``set_q``; the ELBO is the
+    closed form exactly where the family's estimator is exact, else within 3 Monte Carlo
+    standard errors."""
+    model, X, y = _single_layer(M=12)
+    guide = make_guide(name, model)
+    if name in NOT_GAUSSIAN:
+        with pytest.raises(NotImplementedError, match="not a known Gaussian"):
+            guide.q("layer1")
+        return
+    q = _chosen_q(12, low_rank=_rank(name, guide))
+    if name == "autonormal":  # a diagonal family
+        q = MultivariateNormal(q.loc, covariance_matrix=torch.diag(q.variance))
+    guide.set_q(q, "layer1")
+    got = guide.q("layer1")
+    torch.testing.assert_close(got.loc, q.loc)
+    torch.testing.assert_close(got.covariance_matrix, q.covariance_matrix)
+    L = torch.linalg.cholesky(q.covariance_matrix)
+    exact = _dense_svgp_elbo(model, X, y, q.loc.unsqueeze(0), L.unsqueeze(0))
+    estimate = dgp.elbo(model, guide, X, y, num_particles=4 if name in EXACT else 400)
+    if name in EXACT:
+        assert estimate.value == pytest.approx(exact, rel=1e-8)
+        assert estimate.stderr < 1e-8 * abs(exact)
+    else:
+        assert abs(estimate.value - exact) < 3 * estimate.stderr, (estimate, exact)
+
+
+@pytest.mark.parametrize("name", sorted(set(GUIDES) - NOT_GAUSSIAN))
+def test_q_is_usable_after_construction_detached_and_kept_by_the_first_call(name):
+    X = torch.linspace(-1, 1, 20, dtype=DT).unsqueeze(-1)
+    y = torch.sin(3 * X[:, 0])
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=5)
+    guide = make_guide(name, model)
+    assert guide.layer_names == ["layer1", "layer2"]
+    joint = guide.q()
+    assert joint.event_shape == (5 + 5,) and not joint.loc.requires_grad
+    q = _chosen_q(5, low_rank=None if _rank(name, guide) is None else 2)
+    if name in ("coupled-lowrank", "autolowrank"):
+        with pytest.raises(ValueError, match="rank"):
+            guide.set_q(q, "layer1")
+        return
+    if name == "autonormal":  # a diagonal family
+        q = MultivariateNormal(q.loc, covariance_matrix=torch.diag(q.variance))
+    guide.set_q(q, "layer2")
+    guide(X, y)  # the first call must not re-create the parameters
+    torch.testing.assert_close(guide.q("layer2").covariance_matrix, q.covariance_matrix)
+    assert not guide.q("layer2").covariance_matrix.requires_grad
+
+
+@pytest.mark.parametrize("name", ["meanfield", "autonormal"])
+def test_families_with_independent_layers_refuse_a_correlated_joint(name):
+    X = torch.linspace(-1, 1, 10, dtype=DT).unsqueeze(-1)
+    model = dgp.DeepGP.regression(X, X[:, 0], num_layers=2, num_inducing=3)
+    guide = make_guide(name, model)
+    A = torch.randn(6, 6, dtype=DT, generator=torch.Generator().manual_seed(0))
+    q = MultivariateNormal(torch.zeros(6, dtype=DT), covariance_matrix=A @ A.mT + torch.eye(6))
+    with pytest.raises(ValueError, match="correlat|diagonal"):
+        guide.set_q(q)
+
+
+def test_chain_refuses_a_joint_that_is_not_chain_structured_and_takes_one_that_is():
+    X = torch.linspace(-1, 1, 10, dtype=DT).unsqueeze(-1)
+    model = dgp.DeepGP.regression(X, X[:, 0], num_layers=3, num_inducing=2)
+    guide = dgp.guides.Chain(model)
+    g = torch.Generator().manual_seed(0)
+    # a Markov chain over layers: layer 3 depends on layer 1 only through layer 2
+    A = torch.randn(6, 6, dtype=DT, generator=g)
+    dense = MultivariateNormal(torch.zeros(6, dtype=DT), covariance_matrix=A @ A.mT + 0.1 *
+                               torch.eye(6, dtype=DT))
+    with pytest.raises(ValueError, match="chain-structured"):
+        guide.set_q(dense)
+    coupled = dgp.guides.Coupled(model)
+    coupled.set_q(coupled.q())  # a Coupled q at initialisation: independent layers
+    guide.set_q(coupled.q())
+    torch.testing.assert_close(guide.q().covariance_matrix, coupled.q().covariance_matrix)
+
+
+def test_set_q_names_the_problem():
+    X = torch.linspace(-1, 1, 10, dtype=DT).unsqueeze(-1)
+    model = dgp.DeepGP.regression(X, X[:, 0], num_layers=2, num_inducing=3)
+    guide = dgp.guides.MeanField(model)
+    with pytest.raises(KeyError, match="no GP layer 'layer9'"):
+        guide.q("layer9")
+    with pytest.raises(ValueError, match="3 entries"):
+        guide.set_q(MultivariateNormal(torch.zeros(4, dtype=DT), torch.eye(4, dtype=DT)),
+                    "layer1")
+    with pytest.raises(TypeError, match="MultivariateNormal"):
+        guide.set_q(torch.distributions.Normal(0.0, 1.0), "layer1")
+
+
+def test_layer_kl_of_a_set_q_is_the_gaussian_kl_to_the_prior():
+    model, X, y = _single_layer(M=6)
+    q = _chosen_q(6)
+    for name in ("meanfield", "coupled", "chain", "autonormal", "automvn"):
+        guide = make_guide(name, model)
+        if name == "autonormal":  # diagonal family
+            q = MultivariateNormal(q.loc, covariance_matrix=torch.diag(q.variance))
+        guide.set_q(q, "layer1")
+        prior = MultivariateNormal(torch.zeros(6, dtype=DT), torch.eye(6, dtype=DT))
+        want = float(torch.distributions.kl_divergence(q, prior))
+        assert float(guide.layer_kl(guide.site("layer1"))) == pytest.approx(want, rel=1e-9)
+
+
+def test_fit_reports_the_elbo_at_the_final_parameters():
+    model, X, y = _single_layer(M=6)
+    guide = dgp.guides.MeanField(model)
+    result = dgp.fit(model, guide, X, y, num_steps=30, lr=0.05, progress=False)
+    loc, tril = (t.detach() for t in guide.q_params(guide.layer_sites[0]))
+    assert result.final_elbo == pytest.approx(_dense_svgp_elbo(model, X, y, loc, tril),
+                                              rel=1e-8)
+    assert "final_elbo" in repr(result) and len(repr(result)) < 200
+    assert math.isfinite(result.final_elbo_stderr)
