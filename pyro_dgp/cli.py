@@ -17,7 +17,7 @@ from .gp.deep_gp import DeepGP
 from .guides.registry import GUIDES, make_guide
 from .infer.checkpoint import load_fit, save_fit
 from .infer.training import fit
-from .prediction.mixture import predict
+from .prediction import predict
 
 __all__ = ["main"]
 
@@ -94,8 +94,7 @@ def cmd_demo(args) -> int:
 
 def _write_diagnostics(model, guide, data, out: Path, prefix: str) -> None:
     """ArviZ DataTree (NetCDF) and per-layer diagnostic PNGs of one fit."""
-    from .diagnostics.export import save_datatree, to_datatree
-    from .diagnostics.layers import layer_summary, plot_diagnostics
+    from .diagnostics import layer_summary, plot_diagnostics, save_datatree, to_datatree
 
     grid = None
     if data.X_train.shape[-1] == 1:

@@ -15,14 +15,8 @@ from pyro.infer.autoguide import AutoDelta, AutoMultivariateNormal, AutoNormal
 from pyro.nn import PyroModule, PyroSample
 
 import pyro_dgp as dgp
-from pyro_dgp.diagnostics.export import (
-    compare_guides,
-    load_datatree,
-    loo,
-    save_datatree,
-    to_datatree,
-    variational_pareto_k,
-)
+from pyro_dgp.diagnostics.export import load_datatree, save_datatree, to_datatree
+from pyro_dgp.diagnostics.psis import compare_guides, loo, variational_pareto_k
 
 DT = torch.float64
 
@@ -330,7 +324,7 @@ def _whitened_terms(model, X):
 def _set_gaussian_q(guide, precision, rhs):
     cov = torch.linalg.inv(precision)
     cov = 0.5 * (cov + cov.T)
-    guide.set_q("layer1.u", (cov @ rhs).unsqueeze(0), torch.linalg.cholesky(cov).unsqueeze(0))
+    guide.set_q_params("layer1.u", (cov @ rhs).unsqueeze(0), torch.linalg.cholesky(cov).unsqueeze(0))
 
 
 def test_pareto_k_exact_posterior_gives_constant_weights():
@@ -372,7 +366,7 @@ def test_pareto_k_near_optimum_and_far_from_it():
     assert abs(res.elbo - ref) < 4 * se + 1e-4, (res.elbo, ref, se)
     # a q ten times too narrow is a poor importance sampler
     loc, tril = guide.q_params(guide.layer_sites[0])
-    guide.set_q("layer1.u", loc.detach(), 0.1 * tril.detach())
+    guide.set_q_params("layer1.u", loc.detach(), 0.1 * tril.detach())
     bad = variational_pareto_k(model, guide, X, y, num_samples=1000, seed=0)
     print(bad)
     assert bad.k > 0.7
@@ -383,7 +377,7 @@ def test_pareto_smoothing_of_widely_spread_weights_is_never_called_good(spread):
     """Log-weights N(0, spread^2), S = 200: the tail is heavier the wider the spread (k-hat
     of log-normal weights grows with it); where ArviZ's fit breaks down (one weight
     dominating) k-hat is inf with a warning, never a 'good' value with NaN weights."""
-    from pyro_dgp.diagnostics.export import pareto_smooth
+    from pyro_dgp.diagnostics.psis import pareto_smooth
 
     log_w = spread * np.random.default_rng(0).standard_normal(200)
     if spread > 300:
@@ -402,7 +396,7 @@ def test_pareto_smoothing_fits_the_upper_tail_of_known_shape(xi):
     """Weights w = U^-xi (U uniform) have a Pareto upper tail of shape xi: k-hat estimates xi
     (standard error about (1 + xi) / sqrt(M) from the M = 3 sqrt(S) tail draws). The mirrored
     weights 1/w have a bounded tail, k-hat < 0.5: a fit of the wrong tail would swap them."""
-    from pyro_dgp.diagnostics.export import pareto_smooth
+    from pyro_dgp.diagnostics.psis import pareto_smooth
 
     S = 4000
     log_w = -xi * np.log(np.random.default_rng(1).uniform(size=S))
@@ -420,7 +414,8 @@ def test_joint_guides_log_q_is_the_joint_density_of_the_draws(kind):
     After training, where Adam has made the factor ill-conditioned and a triangular solve
     unreliable, -log q of the guide's own draws still averages to the closed-form entropy
     (within 4 Monte Carlo standard errors)."""
-    from pyro_dgp.diagnostics.export import _trace_guide, guide_log_density
+    from pyro_dgp.diagnostics.psis import guide_log_density
+    from pyro_dgp.infer.draws import trace_draws
 
     X, y = _data()
     model = dgp.DeepGP.regression(X, y, num_layers=3, num_inducing=6, hidden_dim=2)
@@ -429,7 +424,7 @@ def test_joint_guides_log_q_is_the_joint_density_of_the_draws(kind):
     for steps, S in ((2, 7), (40, 400)):
         dgp.fit(model, guide, X, y, num_steps=steps, progress=False, seed=0)
         with torch.no_grad(), dgp.rng.seeded(1, X.device):
-            trace = _trace_guide(guide, (X,), S)
+            trace = trace_draws(guide, (X,), S)
             log_q = guide_log_density(guide, trace, S)
             v = torch.cat([trace.nodes[s.name]["value"].reshape(S, -1)
                            for s in guide.layer_sites], dim=-1)

@@ -80,15 +80,15 @@ def test_kl_autoguides_closed_form_and_monte_carlo():
     dgp.fit(model, normal, X, y, num_steps=5, progress=False)
     closed = layer_kl(model, normal, X)
     # Monte Carlo from the trace, forcing the fallback with a plain guide wrapper
-    from pyro_dgp.diagnostics.export import _trace_guide
-    from pyro_dgp.diagnostics.layers import _mc_kl, _mc_kl_draws
+    from pyro_dgp.diagnostics.kl import monte_carlo_kl, monte_carlo_kl_draws
+    from pyro_dgp.infer.draws import trace_draws
 
     with torch.no_grad():
         pyro.set_rng_seed(0)
-        trace = _trace_guide(normal, (X,), 4000)
+        trace = trace_draws(normal, (X,), 4000)
     for i, layer in enumerate(model.layers):
-        mc = _mc_kl(trace, f"layer{i + 1}", layer)
-        draws = _mc_kl_draws(trace, f"layer{i + 1}", layer)
+        mc = monte_carlo_kl(trace, f"layer{i + 1}", layer)
+        draws = monte_carlo_kl_draws(trace, f"layer{i + 1}", layer)
         assert mc == pytest.approx(float(draws.mean()), rel=1e-12)
         se = float(draws.std()) / len(draws) ** 0.5
         assert mc == pytest.approx(closed[f"layer{i + 1}"], abs=4 * se)

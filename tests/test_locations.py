@@ -147,7 +147,8 @@ def test_whitened_last_layer_is_the_non_centred_parameterisation():
             layer2 = model.layers[1]
             with torch.no_grad():
                 R = layer2._factor(layer2.kernel(m1.mT))
-                guide.set_q_params("layer2.u", layer2.mean_function(m1.mT).mT + (R @ m.mT).mT, R @ L)
+                guide.set_q_params("layer2.u",
+                                   layer2.mean_function(m1.mT).mT + (R @ m.mT).mT, R @ L)
         pyro.set_rng_seed(11)
         with torch.no_grad():
             losses[whiten] = TraceMeanField_ELBO(num_particles=4).loss(model, guide, X, y)
@@ -218,8 +219,8 @@ def test_locations_layer_kl_averages_over_the_random_inducing_inputs():
     """diagnostics.layer_kl of the second layer = mean over draws of f^z_1 of
     KL(q(f^z_2) || N(mu(f^z_1), K(f^z_1))) (seed 003 eq. 23), against torch's KL per draw,
     and against the Monte Carlo log q - log p within 4 standard errors."""
-    from pyro_dgp.diagnostics.export import _trace_guide
-    from pyro_dgp.diagnostics.layers import _mc_kl
+    from pyro_dgp.diagnostics.kl import monte_carlo_kl
+    from pyro_dgp.infer.draws import trace_draws
 
     model, X, y = _locations_model()
     guide = dgp.guides.MeanField(model)
@@ -227,7 +228,7 @@ def test_locations_layer_kl_averages_over_the_random_inducing_inputs():
     list(_random_q(guide, 5))
     with torch.no_grad():
         pyro.set_rng_seed(0)
-        trace = _trace_guide(guide, (X,), 2000)
+        trace = trace_draws(guide, (X,), 2000)
         kl = dgp.diagnostics.layer_kl(model, guide, X, trace=trace)
         l1, l2 = model.layers
         loc, tril = guide.q_params(guide.layer_sites[1])
@@ -247,7 +248,7 @@ def test_locations_layer_kl_averages_over_the_random_inducing_inputs():
                              MultivariateNormal(l1.mean_function(Z).mT[0], K1))
         assert kl["layer1"] == pytest.approx(float(ref1), rel=1e-6)
         with l2.given_inducing_inputs(fz1.mT):
-            mc = _mc_kl(trace, "layer2", l2)
+            mc = monte_carlo_kl(trace, "layer2", l2)
         logq = MultivariateNormal(loc[0], scale_tril=tril[0]).log_prob(
             trace.nodes["layer2.u"]["value"].reshape(-1, 6))
         se = float((logq - prior.log_prob(trace.nodes["layer2.u"]["value"].reshape(-1, 6)))

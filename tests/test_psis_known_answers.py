@@ -56,7 +56,7 @@ from pyro.infer.autoguide import AutoNormal
 from pyro.nn import PyroSample
 
 import pyro_dgp as dgp
-from pyro_dgp.diagnostics.export import variational_pareto_k
+from pyro_dgp.diagnostics.psis import variational_pareto_k
 
 DT = torch.float64
 JITTER = 1e-6  # passed to the model explicitly, so the reference does not rely on a default
@@ -196,7 +196,7 @@ def _two_layer_guide(kind, model):
         guide(X2, Y2)
         for i, name in enumerate(("layer1.u", "layer2.u")):
             b = slice(2 * i, 2 * i + 2)
-            guide.set_q(name, mean[b][None], torch.linalg.cholesky(cov[b, b])[None])
+            guide.set_q_params(name, mean[b][None], torch.linalg.cholesky(cov[b, b])[None])
     elif kind == "coupled":
         guide = dgp.guides.Coupled(model)
         guide(X2, Y2)

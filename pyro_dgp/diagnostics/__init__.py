@@ -1,22 +1,10 @@
 """ArviZ export and diagnostics of variational fits: per-layer summaries, PSIS, plots."""
 
-from .export import (
-    compare_guides,
-    load_datatree,
-    loo,
-    save_datatree,
-    to_datatree,
-    variational_pareto_k,
-)
-from .layers import (
-    layer_kl,
-    layer_summary,
-    layer_variance,
-    plot_diagnostics,
-    plot_hyperparameters,
-    plot_layer_paths,
-    plot_layer_variance,
-)
+from .export import load_datatree, save_datatree, to_datatree
+from .kl import layer_kl
+from .layers import layer_summary, layer_variance
+from .plots import plot_diagnostics, plot_hyperparameters, plot_layer_paths, plot_layer_variance
+from .psis import compare_guides, loo, variational_pareto_k
 
 __all__ = [
     "compare_guides",

@@ -1,9 +1,9 @@
 """ArviZ export (``xarray.DataTree`` via ``arviz_base.from_dict``) and comparison of guides.
 
 :func:`to_datatree` draws ``S`` i.i.d. samples from a guide exactly as
-:func:`~pyro_dgp.predict` does (the guide traced once under ``pyro.plate("_predictive_samples",
-S, dim=-2)``, vectorised, under ``torch.no_grad()``, seeded without touching the global random
-state) and stores them in ArviZ groups:
+:func:`~pyro_dgp.prediction.predictive.predict` does (the guide traced once by
+:func:`~pyro_dgp.infer.draws.trace_draws`, vectorised, under ``torch.no_grad()``, seeded without
+touching the global random state) and stores them in ArviZ groups:
 
 ``posterior``
     ``<layer>.u``: the inducing outputs of every GP layer, dims ``(chain, draw, <layer>_unit,
@@ -14,16 +14,18 @@ state) and stores them in ArviZ groups:
 ``layers``
     per layer, at the data ``X`` (dim ``obs``) or at ``grid`` (dim ``grid``): ``<layer>.f`` the
     sampled function values, ``<layer>.f_mean`` / ``<layer>.f_var`` the Gaussian each value was
-    drawn from (the marginal the guide attached, :func:`~pyro_dgp.layer.marginal_of`), dims
+    drawn from (the marginal the guide attached,
+    :func:`~pyro_dgp.likelihoods.marginal.source_of`), dims
     ``(chain, draw, obs, <layer>_unit)``, and ``<layer>.prior_var`` = ``k_l(x, x)`` at the
     layer's own inputs in that draw, dims ``(chain, draw, obs)``. Group attributes
-    ``<layer>.kl`` hold ``KL(q(u^l) || p(u^l))`` (see :func:`pyro_dgp.diagnostics.layer_kl`),
+    ``<layer>.kl`` hold ``KL(q(u^l) || p(u^l))`` (see :func:`~pyro_dgp.diagnostics.kl.layer_kl`),
     ``layer_order`` the layers first to last.
 ``posterior_predictive``, ``log_likelihood``, ``observed_data``
     per observation site of the model (``y`` for a :class:`~pyro_dgp.DeepGP`), dims ``(chain,
     draw, obs)``. ``log_likelihood`` is ``log int p(y_i | f) N(f; loc_s, var_s) df`` with the
     last layer's Gaussian of draw ``s`` (the per-draw term of the predictive mixture of
-    :func:`~pyro_dgp.predict`, so ``logsumexp_s - log S`` is ``predict(...).log_prob(y)``).
+    :func:`~pyro_dgp.prediction.predictive.predict`, so ``logsumexp_s - log S`` is
+    ``predict(...).log_prob(y)``).
     For a likelihood that scores a sampled ``f`` (a hand-written ``dist.Normal(f, s)``) it is
     ``log p(y_i | f_s)``. Only with ``y``, except ``posterior_predictive`` which is also drawn
     without ``y``.
@@ -32,7 +34,8 @@ state) and stores them in ArviZ groups:
 
 SVI draws are i.i.d., so they form one chain. Root attributes: the guide's class name, the
 model's point-estimated hyperparameters (``hyper.<path>``, plain floats or lists), and
-``num_samples``.
+``num_samples``. A DataTree is written to and read from NetCDF-4 or Zarr by
+:func:`save_datatree` and :func:`load_datatree`.
 """
 
 from __future__ import annotations
@@ -40,38 +43,33 @@ from __future__ import annotations
 import math
 import os
 import re
-import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import arviz_base
 import numpy as np
-import pyro
 import torch
 import xarray as xr
 from pyro import poutine
-from pyro.distributions import Delta, MaskedDistribution
+from pyro.poutine.trace_struct import Trace
 from pyro.poutine.util import site_is_subsample
 
-from ..gp.sites import function_site, inducing_site, layer_site
-from ..guides.base import shared_draws
-from ..likelihoods.base import _Expected
+from ..gp.sites import function_site, layer_site
+from ..infer.draws import (
+    function_sites,
+    global_draws,
+    observation_log_prob,
+    observation_sites,
+    set_up_guide,
+    trace_draws,
+    trace_model,
+)
 from ..likelihoods.marginal import source_of
-from ..prediction.mixture import set_up_guide
 from ..rng import seeded
 from ..validation import check_inputs, check_positive_int
+from .kl import layer_kl
 
-__all__ = [
-    "to_datatree",
-    "save_datatree",
-    "load_datatree",
-    "compare_guides",
-    "loo",
-    "variational_pareto_k",
-    "VariationalPSIS",
-    "point_hyperparameters",
-]
-
-SAMPLE_PLATE = "_predictive_samples"
+__all__ = ["to_datatree", "save_datatree", "load_datatree", "point_hyperparameters"]
 
 
 # --------------------------------------------------------------------------------- helpers
@@ -84,7 +82,7 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().to("cpu").numpy()
 
 
-def _draws(value: torch.Tensor, event_dim: int, S: int) -> torch.Tensor | None:
+def _per_draw(value: torch.Tensor, event_dim: int, S: int) -> torch.Tensor | None:
     """``(S, 1, *event)`` (or anything broadcasting to one value per draw) -> ``(S, *event)``;
     ``None`` for a site with more than one value per draw (a local latent)."""
     event = value.shape[value.dim() - event_dim :] if event_dim else torch.Size()
@@ -97,68 +95,8 @@ def _draws(value: torch.Tensor, event_dim: int, S: int) -> torch.Tensor | None:
     return None
 
 
-def _unwrap(fn):
-    while isinstance(fn, MaskedDistribution):
-        fn = fn.base_dist
-    return fn
-
-
-def _trace_guide(guide, args, S: int, replay_trace=None):
-    fn = guide if replay_trace is None else poutine.replay(guide, trace=replay_trace)
-    with pyro.plate(SAMPLE_PLATE, S, dim=-2), shared_draws(guide):  # f^l: sample paths
-        return poutine.trace(fn).get_trace(*args)
-
-
-def _trace_model(model, guide_trace, args, S: int):
-    with pyro.plate(SAMPLE_PLATE, S, dim=-2):
-        return poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(*args)
-
-
-def _without_local_sites(trace):
-    """A copy of ``trace`` without the ``.f`` sites and other per-point sites, for replaying
-    the global draws (``u``, hyperparameters, an autoguide's latent) on other inputs."""
-    out = trace.copy()
-    for name, site in list(out.nodes.items()):
-        if site["type"] != "sample":
-            continue
-        local = any(f.dim is not None and f.dim == -1 for f in site["cond_indep_stack"])
-        if function_site(site) is not None or local or site_is_subsample(site):
-            out.remove_node(name)
-    return out
-
-
-def f_sites(trace) -> list[tuple[str, dict]]:
-    """The ``<layer>.f`` sites of a trace, in the order the model samples them."""
-    return [(n, s) for n, s in trace.nodes.items() if s["type"] == "sample" and function_site(s) is not None]
-
-
 def _layer_name(f_name: str) -> str:
     return f_name.rsplit(".", 1)[0]
-
-
-def observation_sites(model_trace, guide_trace) -> list[tuple[str, dict]]:
-    """Sites of the model that the guide does not provide and that are not layer sites: the
-    observations (observed when ``y`` was given, sampled otherwise)."""
-    out = []
-    for n, s in model_trace.nodes.items():
-        if s["type"] != "sample" or site_is_subsample(s) or layer_site(s) is not None:
-            continue
-        if s["infer"].get("_deterministic") or s["infer"].get("is_auxiliary"):
-            continue  # pyro.deterministic and pyro.factor: observed sites, not observations
-        if s["is_observed"] or n not in guide_trace.nodes:
-            out.append((n, s))
-    return out
-
-
-def pointwise_log_lik(site) -> torch.Tensor:
-    """Per-draw, per-point ``log p(y_i | draw)``: the Gaussian-integrated last layer where the
-    site scores an expectation (:class:`~pyro_dgp.likelihoods._Expected`), else the site's own
-    ``log_prob``. Batch shape as the site's."""
-    fn = _unwrap(site["fn"])
-    value = site["value"]
-    if isinstance(fn, _Expected):  # under the draws' own noise, if Bayesian
-        return fn.predictive_log_prob(value)
-    return fn.log_prob(value)
 
 
 def point_hyperparameters(model, max_size: int = 64) -> dict[str, float | list]:
@@ -204,6 +142,36 @@ def _guide_attrs(guide) -> dict:
 
 
 # ------------------------------------------------------------------------------ to_datatree
+@dataclass
+class _Draws:
+    """The traced draws behind a DataTree: the guide's at ``X``, the guide's at the layers'
+    evaluation points (``X`` or a grid), and the observation sites of the model replayed on
+    the draws with a posterior-predictive draw of each."""
+
+    guide_trace: Trace
+    layer_trace: Trace
+    observations: list[tuple[str, dict]]
+    predictive: dict[str, torch.Tensor]
+
+
+class _Parts:
+    """The arguments of ``arviz_base.from_dict``, filled group by group."""
+
+    def __init__(self, X: torch.Tensor):
+        self.data: dict[str, dict] = {"posterior": {}, "layers": {}, "constant_data": {}}
+        self.dims: dict[str, list[str]] = {}
+        self.coords: dict[str, np.ndarray] = {
+            "obs": np.arange(X.shape[-2]),
+            "input_dim": np.arange(X.shape[-1]),
+        }
+        self.attrs: dict[str, dict] = {"/": {}, "posterior": {}, "layers": {}}
+        self.add("constant_data", "X", _np(X), ["obs", "input_dim"])
+
+    def add(self, group: str, name: str, value: np.ndarray, dims: list[str]) -> None:
+        self.data.setdefault(group, {})[name] = value
+        self.dims[name] = dims
+
+
 def to_datatree(
     model,
     guide,
@@ -223,137 +191,133 @@ def to_datatree(
     :param grid: ``(G, D)`` inputs at which the ``layers`` group is evaluated instead of ``X``
         (with the same draws of the global latents: they are replayed).
     :param seed: draw from this seed without touching the global random state; with the same
-        seed and ``batch_size >= N`` the draws are those of :func:`~pyro_dgp.predict`.
+        seed and ``batch_size >= N`` the draws are those of
+        :func:`~pyro_dgp.prediction.predictive.predict`.
     :param kl: compute ``KL(q(u^l) || p(u^l))`` per layer into the ``layers`` attributes.
     """
     check_inputs(X)
     S = check_positive_int(num_samples, "num_samples")
-    args = (X,) if y is None else (X, y)
     if grid is not None:
         check_inputs(grid, X.shape[-1], "grid")
+    draws = _draw(model, guide, X, y, grid, S, seed)
+    if not function_sites(draws.guide_trace):
+        raise ValueError("the guide produced no '<layer>.f' site: is the model made of GPLayers?")
+    parts = _Parts(X)
+    _posterior_group(parts, draws.guide_trace, S)
+    _layers_group(parts, draws.layer_trace, grid, S)
+    _observation_groups(parts, draws, y is not None, S, X.shape[-2])
+    parts.attrs["/"] = {**_guide_attrs(guide), "num_samples": S}
+    parts.attrs["/"].update({f"hyper.{k}": v for k, v in point_hyperparameters(model).items()})
+    if kl:
+        for lname, value in layer_kl(model, guide, X, trace=draws.guide_trace).items():
+            parts.attrs["layers"][f"{lname}.kl"] = float(value)
+    return arviz_base.from_dict(parts.data, dims=parts.dims, coords=parts.coords,
+                                attrs=parts.attrs)
+
+
+def _draw(model, guide, X, y, grid, S: int, seed: int | None) -> _Draws:
+    """The guide's ``S`` draws at ``X`` (and, replayed, at ``grid``), the model replayed on
+    them, and a posterior-predictive draw of each observation site."""
     set_up_guide(guide, (X,), seed, X.device)  # not inside the seeded draws: it uses the RNG
     with torch.no_grad(), seeded(seed, X.device):
-        gtrace = _trace_guide(guide, (X,), S)
-        mtrace = _trace_model(model, gtrace, args, S)
-        obs = observation_sites(mtrace, gtrace)
-        ltrace = gtrace
+        guide_trace = trace_draws(guide, (X,), S)
+        model_trace = trace_model(model, guide_trace, (X,) if y is None else (X, y), S)
+        observations = observation_sites(model_trace, guide_trace)
+        layer_trace = guide_trace
         if grid is not None:
-            ltrace = _trace_guide(guide, (grid,), S, replay_trace=_without_local_sites(gtrace))
-        predictive = {}
-        for name, site in obs:
-            fn = site["fn"]
-            predictive[name] = fn.sample() if site["is_observed"] else site["value"]
+            layer_trace = trace_draws(guide, (grid,), S, replay=global_draws(guide_trace))
+        predictive = {name: site["fn"].sample() if site["is_observed"] else site["value"]
+                      for name, site in observations}
+    return _Draws(guide_trace, layer_trace, observations, predictive)
 
-    fs = f_sites(gtrace)
-    if not fs:
-        raise ValueError("the guide produced no '<layer>.f' site: is the model made of GPLayers?")
-    N = X.shape[-2]
-    data: dict[str, dict] = {"posterior": {}, "layers": {}, "constant_data": {}}
-    dims: dict[str, list[str]] = {}
-    coords: dict[str, np.ndarray] = {
-        "obs": np.arange(N),
-        "input_dim": np.arange(X.shape[-1]),
-    }
-    data["constant_data"]["X"] = _np(X)
-    dims["X"] = ["obs", "input_dim"]
 
-    # posterior: inducing outputs, from what the model's layers actually received
-    u_names, layer_names, whitened = set(), [], {}
-    for fname, site in fs:
-        layer = function_site(site).layer
+def _posterior_group(parts: _Parts, trace: Trace, S: int) -> None:
+    """``posterior``: every layer's inducing outputs, from what the model's layers actually
+    received, then the guide's other global latents."""
+    layer_names, whitened = [], []
+    for fname, site in function_sites(trace):
+        record = function_site(site)
         lname = _layer_name(fname)
-        layer_names.append(lname)
         d = dim_name(lname)
-        u = function_site(site).inducing
+        u = record.inducing
         u = u.expand((S,) + u.shape[-2:]) if u.dim() == 2 else u.reshape((S,) + u.shape[-2:])
-        var = f"{lname}.u"
-        u_names.add(var)
-        data["posterior"][var] = _np(u)[None]
-        dims[var] = [f"{d}_unit", f"{d}_inducing"]
-        coords[f"{d}_unit"] = np.arange(layer.output_dim)
-        coords[f"{d}_inducing"] = np.arange(layer.num_inducing)
-        whitened[lname] = int(layer.whiten)
-    for name, site in gtrace.nodes.items():
-        if (
-            site["type"] != "sample"
-            or site["is_observed"]
-            or site_is_subsample(site)
-            or layer_site(site) is not None
-            or name in u_names
-            or (site.get("infer") or {}).get("is_auxiliary")
-        ):
+        parts.add("posterior", f"{lname}.u", _np(u)[None], [f"{d}_unit", f"{d}_inducing"])
+        parts.coords[f"{d}_unit"] = np.arange(record.layer.output_dim)
+        parts.coords[f"{d}_inducing"] = np.arange(record.layer.num_inducing)
+        layer_names.append(lname)
+        whitened.append(int(record.layer.whiten))
+    parts.attrs["posterior"] = {"whitened": whitened, "layer_order": list(layer_names)}
+    parts.attrs["layers"]["layer_order"] = list(layer_names)
+    u_names = {f"{lname}.u" for lname in layer_names}
+    for name, site in trace.nodes.items():
+        if name in u_names or not _is_global_latent(site):
             continue
         event_dim = len(site["fn"].event_shape)
-        v = _draws(site["value"], event_dim, S)
-        if v is None:
-            continue
-        data["posterior"][name] = _np(v)[None]
-        dims[name] = [f"{dim_name(name)}_dim{k}" for k in range(event_dim)]
+        v = _per_draw(site["value"], event_dim, S)
+        if v is not None:
+            parts.add("posterior", name, _np(v)[None],
+                      [f"{dim_name(name)}_dim{k}" for k in range(event_dim)])
 
-    # layers: f^l at X or at the grid
+
+def _is_global_latent(site: dict) -> bool:
+    """A latent sample site of a guide trace that is not a layer's nor auxiliary (it may
+    still be local: :func:`_per_draw` tells)."""
+    return not (
+        site["type"] != "sample"
+        or site["is_observed"]
+        or site_is_subsample(site)
+        or layer_site(site) is not None
+        or (site.get("infer") or {}).get("is_auxiliary")
+    )
+
+
+def _layers_group(parts: _Parts, trace: Trace, grid: torch.Tensor | None, S: int) -> None:
+    """``layers``: every layer's function values, the Gaussians they were drawn from and the
+    prior variance, at ``X`` or at ``grid``."""
     where = "obs" if grid is None else "grid"
     if grid is not None:
-        coords["grid"] = np.arange(grid.shape[-2])
-        data["constant_data"]["grid"] = _np(grid)
-        dims["grid"] = ["grid", "input_dim"]
-    for fname, site in f_sites(ltrace):
-        layer = function_site(site).layer
+        parts.coords["grid"] = np.arange(grid.shape[-2])
+        parts.add("constant_data", "grid", _np(grid), ["grid", "input_dim"])
+    for fname, site in function_sites(trace):
+        record = function_site(site)
         lname = _layer_name(fname)
-        d = dim_name(lname)
-        value = site["value"]
-        shape = value.shape[-2:]
-        value = value.expand((S,) + shape)
-        data["layers"][f"{lname}.f"] = _np(value)[None]
+        dims = [where, f"{dim_name(lname)}_unit"]
+        shape = site["value"].shape[-2:]
+        parts.add("layers", f"{lname}.f", _np(site["value"].expand((S,) + shape))[None], dims)
         source = source_of(site["value"])
         if source is not None:
-            loc, fvar = source.loc, source.var
-            data["layers"][f"{lname}.f_mean"] = _np(loc.expand((S,) + shape))[None]
-            data["layers"][f"{lname}.f_var"] = _np(fvar.expand((S,) + shape))[None]
+            parts.add("layers", f"{lname}.f_mean", _np(source.loc.expand((S,) + shape))[None],
+                      dims)
+            parts.add("layers", f"{lname}.f_var", _np(source.var.expand((S,) + shape))[None],
+                      dims)
         # outside the model's call a PyroSample kernel hyperparameter is a fresh sample
         # statement: replaying the guide's trace gives each draw its own value
-        with torch.no_grad(), poutine.replay(trace=ltrace):
-            kxx = layer.kernel(function_site(site).inputs, diag=True)
-        data["layers"][f"{lname}.prior_var"] = _np(kxx.expand(S, shape[0]))[None]
-        for suffix in ("f", "f_mean", "f_var"):
-            dims[f"{lname}.{suffix}"] = [where, f"{d}_unit"]
-        dims[f"{lname}.prior_var"] = [where]
+        with torch.no_grad(), poutine.replay(trace=trace):
+            kxx = record.layer.kernel(record.inputs, diag=True)
+        parts.add("layers", f"{lname}.prior_var", _np(kxx.expand(S, shape[0]))[None], [where])
+    parts.attrs["layers"]["evaluated_at"] = where
 
-    # observations
-    if obs:
-        data["posterior_predictive"] = {}
-    if y is not None:
-        data["log_likelihood"], data["observed_data"] = {}, {}
-    for name, site in obs:
+
+def _observation_groups(parts: _Parts, draws: _Draws, observed: bool, S: int, N: int) -> None:
+    """``posterior_predictive`` of every observation site and, with ``y``, its
+    ``log_likelihood`` (per draw and point) and ``observed_data``."""
+    if draws.observations:
+        parts.data["posterior_predictive"] = {}
+    if observed:
+        parts.data["log_likelihood"], parts.data["observed_data"] = {}, {}
+    for name, site in draws.observations:
         if site["fn"].event_shape:
             raise ValueError(
                 f"observation site '{name}' has event shape {tuple(site['fn'].event_shape)}; "
                 "to_datatree supports one scalar observation per data point"
             )
-        dims[name] = ["obs"]
-        data["posterior_predictive"][name] = _np(predictive[name].expand(S, N))[None]
+        value = draws.predictive[name].expand(S, N)
+        parts.add("posterior_predictive", name, _np(value)[None], ["obs"])
         if site["is_observed"]:
             with torch.no_grad():
-                lp = pointwise_log_lik(site)
-            data["log_likelihood"][name] = _np(lp.expand(S, N))[None]
-            data["observed_data"][name] = _np(site["value"].expand(N))
-
-    root = {**_guide_attrs(guide), "num_samples": S}
-    root.update({f"hyper.{k}": v for k, v in point_hyperparameters(model).items()})
-    layer_attrs = {"layer_order": list(layer_names), "evaluated_at": where}
-    if kl:
-        from .layers import layer_kl
-
-        for lname, value in layer_kl(model, guide, X, trace=gtrace).items():
-            layer_attrs[f"{lname}.kl"] = float(value)
-    attrs = {
-        "/": root,
-        "posterior": {
-            "whitened": [whitened[n] for n in layer_names],
-            "layer_order": list(layer_names),
-        },
-        "layers": layer_attrs,
-    }
-    return arviz_base.from_dict(data, dims=dims, coords=coords, attrs=attrs)
+                lp = observation_log_prob(site)
+            parts.add("log_likelihood", name, _np(lp.expand(S, N))[None], ["obs"])
+            parts.add("observed_data", name, _np(site["value"].expand(N)), ["obs"])
 
 
 # ------------------------------------------------------------------------------- files
@@ -390,247 +354,3 @@ def load_datatree(path: str | os.PathLike, engine: str | None = None) -> xr.Data
         _need_zarr()
         return xr.load_datatree(path, engine="zarr")
     return xr.load_datatree(path, engine="h5netcdf")
-
-
-# ------------------------------------------------------------------------------ comparison
-def loo(dt: xr.DataTree, var_name: str | None = None, pointwise: bool = True):
-    """``arviz_stats.loo`` of one guide's DataTree, robust to draw-independent points.
-
-    Where the last layer's Gaussian does not depend on the draw (a one-layer model with a
-    collapsed guide: ``u`` is integrated out), every draw gives the same ``log p(y_i)`` and
-    Pareto smoothing cannot fit a tail; the exact answer there is uniform weights (k = 0),
-    which is what this passes to ``arviz_stats.loo`` for those points.
-    """
-    import arviz_stats
-
-    if "log_likelihood" not in dt.children:
-        raise ValueError("the DataTree has no log_likelihood group: build it with y")
-    group = dt["log_likelihood"]
-    if var_name is None:
-        names = [str(v) for v in group.data_vars]
-        if len(names) != 1:
-            raise ValueError(f"several observed variables {names}: pass var_name")
-        var_name = names[0]
-    ll = group[var_name]
-    sample = ("chain", "draw")
-    spread = ll.max(sample) - ll.min(sample)
-    flat = spread <= 1e-10 * (1 + abs(ll).max(sample))
-    if not bool(flat.any()):
-        return arviz_stats.loo(dt, pointwise=pointwise, var_name=var_name)
-    obs_dims = [d for d in ll.dims if d not in sample]
-    stacked = ll.stack(_point=obs_dims)
-    keep = ~flat.stack(_point=obs_dims).values
-    n = ll.sizes["chain"] * ll.sizes["draw"]
-    lw = xr.full_like(stacked, -math.log(n))
-    k = xr.zeros_like(stacked.isel(chain=0, draw=0, drop=True))
-    if keep.any():
-        part_lw, part_k = stacked.isel(_point=keep).azstats.psislw(r_eff=1.0, dim=list(sample))
-        lw[..., keep] = part_lw.transpose(*stacked.dims).values
-        k[keep] = part_k.values
-    lw = lw.unstack("_point").transpose(*ll.dims)
-    k = k.unstack("_point")
-    return arviz_stats.loo(dt, pointwise=pointwise, var_name=var_name, log_weights=lw, pareto_k=k)
-
-
-def compare_guides(datatrees: dict, method: str = "stacking", var_name: str | None = None):
-    """PSIS-LOO comparison of guides of one model: ``arviz_stats.compare`` of :func:`loo` of
-    each ``{name: to_datatree(model, guide, X, y)}``.
-
-    :returns: a ``pandas.DataFrame`` ordered best first (column ``rank``: 0 is best; ``elpd``,
-        ``elpd_diff``, ``weight``, ``se``...), as :func:`arviz_stats.compare`.
-    """
-    import arviz_stats
-
-    if len(datatrees) < 2:
-        raise ValueError("compare_guides needs at least two DataTrees")
-    elpds = {name: loo(dt, var_name=var_name) for name, dt in datatrees.items()}
-    return arviz_stats.compare(elpds, method=method)
-
-
-class VariationalPSIS:
-    """Result of :func:`variational_pareto_k`.
-
-    :ivar k: the Pareto shape estimate k-hat (< 0.7: q usable for importance sampling / close
-        to the posterior; > 0.7: unreliable, Yao et al. 2018).
-    :ivar log_weights: ``(S,)`` raw log importance weights ``log p(y, u) - log q(u)``.
-    :ivar smoothed_log_weights: ``(S,)`` normalised Pareto-smoothed log weights.
-    :ivar ess: effective sample size of the smoothed weights.
-    :ivar elbo: ``mean(log_weights)`` (an ELBO estimate); :ivar log_marginal: the importance
-        sampling estimate ``logsumexp(log_weights) - log S`` of ``log p(y)``.
-    """
-
-    def __init__(self, log_weights: np.ndarray, smoothed: np.ndarray, k: float):
-        self.log_weights, self.smoothed_log_weights, self.k = log_weights, smoothed, float(k)
-        w = np.exp(smoothed - np.max(smoothed))
-        w /= w.sum()
-        self.ess = float(1.0 / np.sum(w**2))
-        self.elbo = float(np.mean(log_weights))
-        m = float(np.max(log_weights))
-        self.log_marginal = m + float(np.log(np.mean(np.exp(log_weights - m))))
-
-    def __float__(self) -> float:
-        return self.k
-
-    def __repr__(self) -> str:
-        return (
-            f"VariationalPSIS(k={self.k:.3f}, ess={self.ess:.1f}, elbo={self.elbo:.3f}, "
-            f"log_marginal={self.log_marginal:.3f}, S={len(self.log_weights)})"
-        )
-
-
-def guide_log_density(guide, guide_trace, S: int) -> torch.Tensor:
-    """``(S,)`` log q of each draw of the global latents in ``guide_trace``: the sum of
-    ``log_prob`` over the guide's sample sites other than the layer function values (auxiliary
-    sites and transformed ``Delta`` sites included, as Pyro's ELBOs count them). A guide whose
-    ``<layer>.u`` sites do not score ``q`` itself (the joint guides ``Coupled`` and ``Chain``
-    score ``log p(u^l)`` plus their closed-form KL) gives the joint density of its layers'
-    draws through ``layers_log_q(guide_trace, S)``.
-
-    :raises ValueError: when the guide has no tractable density (``tractable_log_q = False`` on
-        the guide, a site whose distribution has no ``log_prob``, or a point mass).
-    """
-    if getattr(guide, "tractable_log_q", True) is False:
-        raise ValueError(
-            f"{type(guide).__name__} has no tractable log q(u) (implicit / semi-implicit "
-            "guide): the variational Pareto-k diagnostic needs log q"
-        )
-    terms = []
-    sites = [
-        (n, s)
-        for n, s in guide_trace.nodes.items()
-        if s["type"] == "sample"
-        and not s["is_observed"]
-        and not site_is_subsample(s)
-        and function_site(s) is None
-    ]
-    has_aux = any((s.get("infer") or {}).get("is_auxiliary") for _, s in sites)
-    layers_log_q = getattr(guide, "layers_log_q", None)
-    if layers_log_q is not None:
-        terms.append(layers_log_q(guide_trace, S))
-        sites = [(n, s) for n, s in sites if inducing_site(s) is None]
-    for name, site in sites:
-        fn = _unwrap(site["fn"])
-        base = fn
-        while hasattr(base, "base_dist") and not isinstance(base, Delta):
-            base = base.base_dist
-        if isinstance(base, Delta) and not has_aux:
-            raise ValueError(
-                f"{type(guide).__name__}: site '{name}' is a point mass (Delta) with no "
-                "auxiliary density: q has no density, the variational Pareto-k is undefined"
-            )
-        try:
-            lp = site["fn"].log_prob(site["value"])
-        except NotImplementedError as err:
-            raise ValueError(
-                f"{type(guide).__name__}: site '{name}' has no tractable log-density "
-                f"({type(fn).__name__}); the variational Pareto-k diagnostic needs log q"
-            ) from err
-        terms.append(_per_draw_sum(lp, S))
-    if not terms:
-        raise ValueError(f"{type(guide).__name__}: the guide sampled no global latent")
-    total = torch.stack(terms).sum(0)
-    if not bool(torch.isfinite(total).all()):
-        raise ValueError(f"{type(guide).__name__}: log q is not finite for some draws")
-    return total
-
-
-def _per_draw_sum(lp: torch.Tensor, S: int) -> torch.Tensor:
-    """Sum a log-density of batch shape ``(S, n)`` (or broadcastable) over all but draws."""
-    if lp.dim() == 0:
-        return lp.expand(S)
-    if lp.dim() == 1:  # (n,) without the sample dim: the same for every draw
-        return lp.sum().expand(S)
-    return lp.sum(-1).reshape(-1).expand(S)
-
-
-def variational_pareto_k(
-    model,
-    guide,
-    X: torch.Tensor,
-    y: torch.Tensor,
-    num_samples: int = 1000,
-    seed: int | None = None,
-) -> VariationalPSIS:
-    """PSIS diagnostic of the variational approximation (Yao, Vehtari, Simpson & Gelman 2018).
-
-    ``S`` draws ``theta_s ~ q`` are weighted by ``log w_s = log p(y, theta_s) - log q(theta_s)``
-    and a generalised Pareto distribution is fitted to the largest weights; its shape k-hat
-    says how far q is from the posterior for importance sampling purposes (k < 0.5 good,
-    0.5-0.7 usable, > 0.7 unreliable).
-
-    What ``theta`` is: the guide's global latents (every layer's inducing outputs ``u``, plus
-    Bayesian hyperparameters if any), drawn from the guide; ``log q`` is the guide's own density
-    of that draw (:func:`guide_log_density`). The model is then replayed on those draws and
-    **draws its own function values** ``f^l ~ p(f^l | u^l, f^{l-1})`` for the inner layers
-    (the sampled-u estimator, whatever estimator the guide uses in training), while the last
-    layer is integrated out per point (Rao-Blackwellised):
-
-        log w_s = log p(u_s) + sum_i log int p(y_i | f) N(f; m_i(u^L_s, f^{L-1}_s),
-                  v_i(u^L_s, f^{L-1}_s)) df - log q(u_s)
-
-    - One layer: exact, ``log w = log p(y, u) - log q(u)`` for the model as the Pyro program
-      defines it (function values conditionally independent across points given ``u``), so
-      k-hat diagnoses q(u) against the exact posterior ``p(u | y)``.
-    - L > 1 layers: it is the exact importance weight of the extended proposal
-      ``q(u) prod_{l<L} p(f^l | u^l, f^{l-1})`` against the posterior ``p(u, f^{1..L-1} | y)``
-      (the ``p(f | u)`` factors cancel); ``E_q[w] = p(y)``, but the diagnostic is of
-      ``q(u)`` *augmented with the prior conditionals of the inner layers*, which can only be
-      worse than q(u) alone, not of ``q(u)`` against ``p(u | y)`` (that would need
-      ``p(y | u)``, an intractable integral over the inner layers).
-    - A likelihood that scores a sampled ``f`` (hand-written ``dist.Normal(f, s)``) is not
-      integrated: the last layer is then part of the extended proposal too.
-
-    Guides without a tractable ``log q`` (implicit or semi-implicit ones, point masses) raise
-    ``ValueError``. Pass the full data: a minibatch is scaled by the model's ``num_data``.
-
-    :returns: :class:`VariationalPSIS` (``.k``, ``.log_weights``, ``.ess``, ``.elbo``,
-        ``.log_marginal``).
-    """
-    check_inputs(X)
-    S = check_positive_int(num_samples, "num_samples")
-    set_up_guide(guide, (X,), seed, X.device)  # not inside the seeded draws: it uses the RNG
-    with torch.no_grad(), seeded(seed, X.device):
-        gtrace = _trace_guide(guide, (X,), S)
-        log_q = guide_log_density(guide, gtrace, S)
-        mtrace = _trace_model(model, _without_local_sites(gtrace), (X, y), S)
-        log_p = torch.zeros_like(log_q)
-        for name, site in mtrace.nodes.items():
-            if site["type"] != "sample" or site_is_subsample(site) or function_site(site) is not None:
-                continue
-            scale = site["scale"]
-            if site["is_observed"] and name not in gtrace.nodes:
-                lp = pointwise_log_lik(site)
-            elif name in gtrace.nodes and not site["is_observed"] or inducing_site(site) is not None:
-                lp = site["fn"].log_prob(site["value"])
-            else:
-                continue
-            log_p = log_p + scale * _per_draw_sum(lp, S)
-    log_w = _np(log_p - log_q).astype(np.float64)
-    if not np.all(np.isfinite(log_w)):
-        raise ValueError("non-finite importance weights: check the model and guide")
-    smoothed, k = pareto_smooth(log_w)
-    return VariationalPSIS(log_w, smoothed, k)
-
-
-def pareto_smooth(log_w: np.ndarray) -> tuple[np.ndarray, float]:
-    """``(normalised smoothed log-weights (S,), k-hat)`` of raw log-weights ``(S,)``.
-
-    ArviZ's PSIS returns NaN weights with k-hat 0.1 once one weight dominates the tail (raw
-    log-weights spread over ~1000 nats, as early in a deep model's fit): a "good" k for the
-    worst case. There k-hat is reported as ``inf`` with a warning, and the raw weights kept.
-    """
-    from arviz_stats.base import array_stats
-
-    log_w = np.asarray(log_w, dtype=np.float64)
-    with np.errstate(all="ignore"):  # its failure is detected and reported below
-        smoothed, k = array_stats.psislw(-(log_w - log_w.max()), r_eff=1.0)  # negates its input
-    smoothed, k = np.asarray(smoothed, dtype=np.float64), float(k)
-    if not (np.all(np.isfinite(smoothed)) and np.isfinite(k)):
-        top = np.sort(log_w)[-2:]
-        warnings.warn(
-            f"Pareto smoothing failed: the largest importance weight dominates (log-weights "
-            f"span {log_w.max() - log_w.min():.0f} nats, the top two differ by "
-            f"{top[1] - top[0]:.0f}); k-hat is reported as inf",
-            UserWarning, stacklevel=3)
-        smoothed, k = log_w, math.inf
-    return smoothed - np.logaddexp.reduce(smoothed), k

@@ -72,7 +72,8 @@ class _MaskedOut(MaskedDistribution):
 
 
 def masked_out(fn: dist.TorchDistribution) -> MaskedDistribution:
-    """``fn`` with its log-density masked to zero (a ``<layer>.f`` site: DESIGN.md contract 2)."""
+    """``fn`` with its log-density masked to zero (a ``<layer>.f`` site: the site contract of
+    ``docs/design.md``)."""
     return _MaskedOut(fn, False)
 
 

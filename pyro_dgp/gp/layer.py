@@ -52,6 +52,59 @@ def sample_hyperparameters(module: torch.nn.Module) -> None:
             getattr(m, attr)
 
 
+def _initial_inducing_points(num_inducing, inducing_points, input_dim: int) -> torch.Tensor:
+    """``(M, D_in)`` checked initial inducing inputs (standard normal draws where only ``M``
+    is given); floating point, keeping a tensor's dtype and device."""
+    if num_inducing is not None:
+        num_inducing = check_positive_int(num_inducing, "GPLayer: num_inducing")
+    if inducing_points is None:
+        if num_inducing is None:
+            raise ValueError(
+                "GPLayer: num_inducing or inducing_points must be given, got neither"
+            )
+        inducing_points = torch.randn(num_inducing, input_dim)
+    inducing_points = torch.as_tensor(inducing_points)
+    if not torch.is_floating_point(inducing_points):
+        inducing_points = inducing_points.to(torch.get_default_dtype())
+    if inducing_points.dim() != 2 or inducing_points.shape[-1] != input_dim:
+        raise ValueError(
+            f"GPLayer: inducing_points must have shape (M, {input_dim}), "
+            f"got {tuple(inducing_points.shape)}"
+        )
+    if inducing_points.shape[0] == 0:
+        raise ValueError("GPLayer: inducing_points must have at least one row (M >= 1), "
+                         f"got shape {tuple(inducing_points.shape)}")
+    if num_inducing is not None and num_inducing != inducing_points.shape[0]:
+        raise ValueError(
+            f"GPLayer: num_inducing={num_inducing} but inducing_points has "
+            f"{inducing_points.shape[0]} rows; give one of them"
+        )
+    if not torch.isfinite(inducing_points).all():
+        raise ValueError("GPLayer: inducing_points contain NaN or inf")
+    return inducing_points
+
+
+def _layer_kernel(kernel, Z: torch.Tensor, input_dim: int) -> Kernel:
+    """The layer's kernel (default ARD RBF) in the dtype and device of ``Z`` (numbers given to
+    a kernel's constructor take torch's default dtype)."""
+    if kernel is None:
+        one = Z.new_tensor(1.0)  # Z's dtype and device
+        kernel = RBF(input_dim, variance=one, lengthscale=one)
+    elif not isinstance(kernel, Kernel):
+        raise TypeError(
+            f"GPLayer: kernel must be a pyro_dgp.kernels.Kernel, got {type(kernel).__name__}"
+        )
+    # the layer's dtype and device are its inducing inputs' (numbers given to a kernel's
+    # constructor take torch's default dtype)
+    kernel = kernel.to(dtype=Z.dtype, device=Z.device)
+    if kernel.input_dim != input_dim:
+        raise ValueError(
+            f"GPLayer: kernel input_dim {kernel.input_dim} != layer input_dim "
+            f"{input_dim}"
+        )
+    return kernel
+
+
 class GPLayer(PyroModule):
     """A layer of ``output_dim`` independent GPs sharing a kernel and inducing inputs.
 
@@ -75,7 +128,8 @@ class GPLayer(PyroModule):
     :param train_inducing: learn Z (default) or keep it fixed.
     :param function_values: ``u`` holds the function values ``f(Z)`` (prior ``N(m(Z), K_ZZ)``)
         instead of the residual ``f(Z) - m(Z)``; needed where ``u`` is the next layer's
-        inducing inputs (inducing points as inducing locations, seed 003 §4.2), unwhitened
+        inducing inputs (inducing points as inducing locations, Ustyuzhaninov et al. 2020, §4.2),
+        unwhitened
         only. A layer that receives random inducing inputs (``given_inducing_inputs``) holds
         function values (centred) or is whitened (non-centred: ``u = L_Z^-1 (f(Z) - m(Z))``,
         prior ``N(0, I)`` whatever ``Z``).
@@ -100,51 +154,13 @@ class GPLayer(PyroModule):
         self._own_pyro_name = own_name  # replaced by the attribute path under a parent
         self.input_dim = check_positive_int(input_dim, "GPLayer: input_dim")
         self.output_dim = check_positive_int(output_dim, "GPLayer: output_dim")
-        if num_inducing is not None:
-            num_inducing = check_positive_int(num_inducing, "GPLayer: num_inducing")
-        if inducing_points is None:
-            if num_inducing is None:
-                raise ValueError(
-                    "GPLayer: num_inducing or inducing_points must be given, got neither"
-                )
-            inducing_points = torch.randn(num_inducing, self.input_dim)
-        inducing_points = torch.as_tensor(inducing_points)
-        if not torch.is_floating_point(inducing_points):
-            inducing_points = inducing_points.to(torch.get_default_dtype())
-        if inducing_points.dim() != 2 or inducing_points.shape[-1] != self.input_dim:
-            raise ValueError(
-                f"GPLayer: inducing_points must have shape (M, {self.input_dim}), "
-                f"got {tuple(inducing_points.shape)}"
-            )
-        if inducing_points.shape[0] == 0:
-            raise ValueError("GPLayer: inducing_points must have at least one row (M >= 1), "
-                             f"got shape {tuple(inducing_points.shape)}")
-        if num_inducing is not None and num_inducing != inducing_points.shape[0]:
-            raise ValueError(
-                f"GPLayer: num_inducing={num_inducing} but inducing_points has "
-                f"{inducing_points.shape[0]} rows; give one of them"
-            )
-        if not torch.isfinite(inducing_points).all():
-            raise ValueError("GPLayer: inducing_points contain NaN or inf")
+        inducing_points = _initial_inducing_points(num_inducing, inducing_points,
+                                                   self.input_dim)
         if train_inducing:
             self.inducing_points = PyroParam(inducing_points.clone())
         else:
             self.register_buffer("inducing_points", inducing_points.clone())
-        if kernel is None:
-            one = inducing_points.new_tensor(1.0)  # Z's dtype and device
-            kernel = RBF(self.input_dim, variance=one, lengthscale=one)
-        elif not isinstance(kernel, Kernel):
-            raise TypeError(
-                f"GPLayer: kernel must be a pyro_dgp.kernels.Kernel, got {type(kernel).__name__}"
-            )
-        # the layer's dtype and device are its inducing inputs' (numbers given to a kernel's
-        # constructor take torch's default dtype)
-        self.kernel = kernel.to(dtype=inducing_points.dtype, device=inducing_points.device)
-        if self.kernel.input_dim != self.input_dim:
-            raise ValueError(
-                f"GPLayer: kernel input_dim {self.kernel.input_dim} != layer input_dim "
-                f"{self.input_dim}"
-            )
+        self.kernel = _layer_kernel(kernel, inducing_points, self.input_dim)
         self._mean_kind, self._mean_fn = self._parse_mean(mean, inducing_points)
         self.whiten = bool(whiten)
         if jitter is not None:

@@ -1,20 +1,25 @@
-"""Variational guides for models built from GP layers (DESIGN.md contract 1-3)."""
+"""Variational guides for models built from GP layers (the model/guide contract of
+``docs/design.md``)."""
 
-from .base import LayerGuide, LayerSite
+from .base import LayerGuide, shared_draws
 from .chain import Chain
 from .completed import Completed, complete, inducing_only
 from .coupled import Coupled
+from .gaussian import LayerGaussian
 from .joint import JointGaussian
 from .meanfield import MeanField
+from .prototype import LayerSite
 
 __all__ = [
     "Chain",
     "Completed",
     "Coupled",
     "JointGaussian",
+    "LayerGaussian",
     "LayerGuide",
     "LayerSite",
     "MeanField",
     "complete",
     "inducing_only",
+    "shared_draws",
 ]

@@ -16,7 +16,7 @@ import torch
 from pyro.distributions import constraints
 from pyro.infer import autoguide
 
-from .base import LayerGaussian
+from .gaussian import LayerGaussian
 from .params import copy_into
 
 __all__ = ["autoguide_joint_gaussian", "autoguide_layer_gaussians", "set_autoguide_gaussian",

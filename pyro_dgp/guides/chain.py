@@ -12,15 +12,16 @@ from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
 
 from ..gp.conditional import solve_triangular
-from .base import LayerSite
 from .joint import JointGaussian
 from .params import copy_into, deep_getattr, preconditioned_tril, raw_tril
+from .prototype import LayerSite
 
 __all__ = ["Chain"]
 
 
 class Chain(JointGaussian):
-    """``q(u^1) prod_{l>1} q(u^l | u^{l-1})`` with Gaussian conditionals (seed 003 eq. 14-17):
+    """``q(u^1) prod_{l>1} q(u^l | u^{l-1})`` with Gaussian conditionals (Ustyuzhaninov et al.
+    2020, eq. 14-17):
 
         v_1 = m_1 + L_1 e_1,   v_l = m_l + B_l (v_{l-1} - m_{l-1}) + L_l e_l,
 
@@ -70,7 +71,8 @@ class Chain(JointGaussian):
         residual ``w_{l-1} = L_{l-1}^{-1} (v_{l-1} - m_{l-1})``, not ``B_l``: the same family,
         but a gradient step on ``B_l`` changes the cross covariance ``B_l L_{l-1} L_{l-1}^T``
         in proportion to the small inner-layer scale (``L_{l-1} ~ sqrt(inner_variance) I`` at
-        the start), so the coupling hardly moved. Measured on seed 003's toy (4000 steps,
+        the start), so the coupling hardly moved. Measured on the compositional toy of
+        Ustyuzhaninov et al. 2020 (4000 steps,
         10 trials): Chain kept a fifth of Coupled's ``Var[f1(0)]`` and trailed its ELBO,
         though with two layers the two families are the same. ``C_l`` is in the units of
         Coupled's cross-layer factor entries (with two layers it is that block). Draws and

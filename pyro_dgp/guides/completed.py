@@ -15,7 +15,9 @@ from .autoguide_gaussian import (
     set_autoguide_joint,
     set_autoguide_low_rank,
 )
-from .base import LayerGaussian, LayerGuide, LayerSite, example_args
+from .base import GuideRun, LayerGuide
+from .gaussian import LayerGaussian
+from .prototype import LayerSite, example_args
 
 __all__ = ["Completed", "complete", "inducing_only"]
 
@@ -90,7 +92,7 @@ class Completed(LayerGuide):
         self._inner_ready = False
 
     def _check_others(self, others):
-        pass  # the inner guide covers them; checked on every call in _before_run
+        pass  # the inner guide covers them; checked on every call in new_run
 
     def _prepare_inner(self, *args, **kwargs) -> None:
         """Build the inner guide's parameters. Autoguides build them (and nn modules, e.g.
@@ -101,6 +103,10 @@ class Completed(LayerGuide):
             ref = self.layer_sites[0].layer.inducing_points
             self.inner.to(device=ref.device, dtype=ref.dtype)
         self._inner_ready = True
+
+    @property
+    def is_set_up(self) -> bool:
+        return self._set_up and self._inner_ready
 
     def _ensure_set_up(self) -> None:
         super()._ensure_set_up()
@@ -133,7 +139,8 @@ class Completed(LayerGuide):
                                    scale_tril):
             super()._set_joint(loc, scale_tril)
 
-    def _before_run(self, *args, **kwargs):
+    def new_run(self, *args, **kwargs) -> GuideRun:
+        """Draws the inner guide's sites for this run (its density sits on them)."""
         if not self._inner_ready:
             self._prepare_inner(*args, **kwargs)
         trace = poutine.trace(self.inner).get_trace(*args, **kwargs)
@@ -148,10 +155,10 @@ class Completed(LayerGuide):
                 f"complete(): the inner guide does not provide the inducing sites {missing}; "
                 "build it on pyro_dgp.inducing_only(model)"
             )
-        self._supplied = values
+        return GuideRun(supplied=values)
 
-    def u_site(self, site):
-        return self._supplied[site.name]
+    def u_site(self, site, run):
+        return run.supplied[site.name]
 
 
 def complete(guide, model, name=None) -> Completed:

@@ -17,15 +17,16 @@ __all__ = ["Coupled"]
 
 
 class Coupled(JointGaussian):
-    """One Gaussian over the inducing outputs of all layers (seed 003 §4.1).
+    """One Gaussian over the inducing outputs of all layers (Ustyuzhaninov et al. 2020, §4.1).
 
     :param rank: ``None`` for a full ``T x T`` Cholesky factor, or the rank ``r`` of a
         low-rank-plus-diagonal covariance ``W W^T + diag(d)``.
     :param per_point: draw ``U`` per data point (see the module docstring; ``None``: while
         ``N T K <= per_point_budget``).
 
-    Estimator (module docstring): ``u^1..u^{L-1}`` drawn jointly (seed 003's sampled-u
-    estimator, unbiased for any q), each ``f^l`` from the model's conditional given ``u^l`` and
+    Estimator (module docstring): ``u^1..u^{L-1}`` drawn jointly (the sampled-u
+    estimator of Ustyuzhaninov et al. 2020, unbiased for any q), each ``f^l`` from the model's
+    conditional given ``u^l`` and
     ``f^{l-1}``; ``u^L`` collapsed given the other noise of the draw. Cost O(T^3) (full) or
     O(T r^2) (low rank) per step, T = sum_l D_l M_l.
     """

@@ -1,4 +1,4 @@
-"""Guides that couple the inducing outputs of all layers (seed 003 §4.1, REFERENCE.md §3.2-3.3).
+"""Guides that couple the inducing outputs of all layers (Ustyuzhaninov et al. 2020, §4.1).
 
 Both guides are Gaussian over ``v = [vec(u^1); ...; vec(u^L)]`` (``vec`` row-major over
 ``(D_l, M_l)``, in each layer's own whitened or unwhitened parameterisation), written as
@@ -19,20 +19,23 @@ Estimator of ``E_q log p(y | f^L)``, shared by both guides:
   reparameterisation, as DSVI's collapsed ``f`` draws are per point). The expected
   log-likelihood is a sum over points of expectations under the same ``q(U)``, so each term may
   use its own draw: unbiased, and the noise of one shared ``U`` no longer hits every point's
-  gradient at once. Measured on seed 003's toy after 1000 steps (``Coupled``, 200 gradients):
+  gradient at once. Measured on the compositional toy of Ustyuzhaninov et al. 2020 after 1000 steps
+  (``Coupled``, 200 gradients):
   the summed variance of the gradient is 5.7 to 6.6 times lower than with one shared draw
   (two measurements, 200 gradients each, before and after the final preconditioner). Cost:
   ``O(N T K)`` per step for the draws (``T`` below, ``K`` the factor's columns: ``T`` full
   rank, ``r`` low rank), against ``O(T K)`` for one shared draw; the default
   ``per_point=None`` uses it while ``N T K <= per_point_budget`` (``1e9``: boston, ``N T K =
   9e8``: a whole step took 0.19 s with ``Coupled``, 0.27 s with ``Chain``, one thread on a busy
-  machine, BENCHMARKS.md session 4; a 10,000-point minibatch with ``T = 900`` would
+  machine, ``benchmarks/results/history.md``; a 10,000-point minibatch with ``T = 900`` would
   need 8e9). The ``<layer>.f`` values of a
   per-point trace are not one function's values: take sample paths under
   :meth:`~pyro_dgp.guides.base.LayerGuide.shared_draws`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pyro.distributions as dist
 import torch
@@ -41,8 +44,10 @@ from pyro.distributions import constraints
 from ..gp.distributions import drop_data_dim
 from ..gp.kl import gaussian_kl_to_layer_prior
 from ..validation import check_positive_finite
-from .base import LayerGaussian, LayerGuide, LayerSite, initial_scale_tril, log_density_of_noise
+from .base import GuideRun, LayerGuide
+from .gaussian import LayerGaussian, initial_scale_tril, log_density_of_noise
 from .params import block_preconditioner
+from .prototype import LayerSite
 
 __all__ = ["JointGaussian", "LayerSlice"]
 
@@ -89,6 +94,17 @@ class LayerSlice(dist.TorchDistribution):
         return self.site.layer.prior().log_prob(value) + self.extra
 
 
+@dataclass
+class JointRun(GuideRun):
+    """One run of a :class:`JointGaussian`: its factor ``(mean, R, d, log det)``, the joint
+    draws shared by its ``.u`` sites and those per point, and the closed-form KL."""
+
+    factor: tuple = ()
+    draw: JointDraw | None = None
+    point_draws: JointDraw | None = None
+    kl: torch.Tensor | float = 0.0
+
+
 class JointGaussian(LayerGuide):
     """Abstract base of the cross-layer Gaussian guides (:class:`Coupled`, :class:`Chain`);
     subclasses define the parameters (``_setup_sites``) and ``factor()``. Constructing the
@@ -130,8 +146,8 @@ class JointGaussian(LayerGuide):
                 f"{type(self).__name__}: layers {bad} hold function values that are the next "
                 "layer's inducing inputs (inducing='locations'), so the prior of the layer "
                 "above depends on them; this guide's closed-form KL assumes a prior of fixed "
-                "layer-wise Gaussians. Use MeanField (the guide of seed 003 §4.2) or a "
-                "completed autoguide for that model."
+                "layer-wise Gaussians. Use MeanField (the guide of Ustyuzhaninov et al. 2020, "
+                "§4.2) or a completed autoguide for that model."
             )
 
     def _preconditioner(self, like: torch.Tensor, site: LayerSite | None = None):
@@ -205,15 +221,16 @@ class JointGaussian(LayerGuide):
                                        device=mean.device)
         return head + noise, head[..., lo:], None
 
-    def log_q(self, v: torch.Tensor) -> torch.Tensor:
+    def log_q(self, v: torch.Tensor, draw: JointDraw | None = None) -> torch.Tensor:
         """``(*batch,)`` log-density under ``q`` of joint values ``v (*batch, T)`` (every
         layer's ``vec u^l``, in layer order).
 
-        The guide's own latest shared draw is scored from its noise
-        (:func:`~pyro_dgp.guides.base.log_density_of_noise`), without the triangular solve that
-        an ill-conditioned factor would spoil; other values by the general formula."""
+        Where ``v`` is the latest shared draw of ``draw`` (a run's :class:`JointDraw`) it is
+        scored from its noise (:func:`~pyro_dgp.guides.gaussian.log_density_of_noise`),
+        without the triangular solve that an ill-conditioned factor would spoil; other values
+        by the general formula."""
         mean, R, d, logdet = self.factor()
-        latest = self._draw.latest if hasattr(self, "_draw") else None
+        latest = None if draw is None else draw.latest
         own = (d is None and latest is not None and latest[0].numel() == v.numel()
                and torch.equal(latest[0].reshape(v.shape), v))
         if own:
@@ -229,7 +246,9 @@ class JointGaussian(LayerGuide):
         first site, so that Pyro's ELBOs count exactly ``-KL`` (:class:`LayerSlice`)."""
         v = torch.cat([guide_trace.nodes[s.name]["value"].reshape(num_draws, -1)
                        for s in self.layer_sites], dim=-1)
-        return self.log_q(v)
+        # the run's joint draw, held by the sites' distributions
+        draw = getattr(guide_trace.nodes[self.layer_sites[0].name]["fn"], "draw", None)
+        return self.log_q(v, draw)
 
     def last_scale(self) -> torch.Tensor:
         """``(n_L, K)``: a factor of ``Cov(vec u^L | all other noise)`` (see
@@ -300,24 +319,22 @@ class JointGaussian(LayerGuide):
     def _factor_of_run(self):
         """:meth:`factor`, built once per guide run (a ``T x T`` factor and its transforms
         otherwise cost a pass each for the KL, each draw and the collapse)."""
-        cached = self.__dict__.get("_run_factor")
-        return cached if cached is not None and self._running() else self.factor()
+        run = self.current_run()
+        return run.factor if run is not None else self.factor()
 
-    # the last run's factor, draws and KL (LayerGuide.__getstate__); after a run only log_q
-    # reads the latest draw, and a copy scores any value by the general formula
-    _per_run = ("_run_factor", "_draw", "_point_draws", "_kl")
+    def new_run(self, *args, **kwargs) -> JointRun:
+        factor = self.factor()
+        return JointRun(factor=factor,
+                        draw=JointDraw(self._draw_with_last_loc),
+                        point_draws=JointDraw(self._draw_with_last_loc),
+                        kl=gaussian_kl_to_layer_prior([s.layer for s in self.layer_sites],
+                                                      *factor))
 
-    def _before_run(self, *args, **kwargs):
-        self.__dict__["_run_factor"] = factor = self.factor()
-        self._draw = JointDraw(self._draw_with_last_loc)
-        self._point_draws = JointDraw(self._draw_with_last_loc)
-        self._kl = gaussian_kl_to_layer_prior([s.layer for s in self.layer_sites], *factor)
+    def u_site(self, site, run):
+        extra = run.kl if site.index == 0 else 0.0
+        return LayerSlice(run.draw, self._offsets()[site.index], site, extra)
 
-    def u_site(self, site):
-        extra = self._kl if site.index == 0 else 0.0
-        return LayerSlice(self._draw, self._offsets()[site.index], site, extra)
-
-    def f_marginal(self, site, x, u):
+    def f_marginal(self, site, x, u, run):
         """Inner layers: the model's conditional given ``u^l``; last layer: ``u^L`` collapsed
         through its Gaussian law given the rest of the draw. Per point, each of the ``N``
         points of ``x (..., N, D_in)`` is its own batch entry with its own ``U``."""
@@ -325,14 +342,14 @@ class JointGaussian(LayerGuide):
         points = u.shape[:-2] + x.shape[-2:-1]
         per_point = self.draws_per_point(points.numel())
         if per_point:
-            v, last_loc, _ = self._point_draws.get(points)
+            v, last_loc, _ = run.point_draws.get(points)
             x = x.unsqueeze(-2)  # (..., N, 1, D_in)
-        elif self._draw.latest is None:
+        elif run.draw.latest is None:
             # u was replayed, not drawn in this run (e.g. the global draws on a grid): u is a
             # draw of q, so the model's conditional given it is the sampled-u estimator
             return site.layer.conditional(x, u)
         else:
-            v, last_loc, _ = self._draw.latest  # the draw behind u (data plate's singleton)
+            v, last_loc, _ = run.draw.latest  # the draw behind u (data plate's singleton)
         if site.is_last:
             loc = last_loc.reshape(last_loc.shape[:-1] + (D, M))
             if not per_point:

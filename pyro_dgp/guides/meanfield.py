@@ -1,8 +1,9 @@
-"""Mean-field Gaussian guide over layers (DSVI, seed 002 eq. 12)."""
+"""Mean-field Gaussian guide over layers (DSVI: Salimbeni and Deisenroth 2017, eq. 12)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import torch
 from pyro.distributions import constraints
@@ -10,10 +11,22 @@ from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
 
 from ..validation import check_positive_finite
-from .base import LayerGaussian, LayerGuide, LayerSite, initial_scale_tril, mvn_site
+from .base import GuideRun, LayerGuide
+from .gaussian import LayerGaussian, initial_scale_tril, mvn_site
 from .params import copy_into, deep_getattr
+from .prototype import LayerSite
 
 __all__ = ["MeanField"]
+
+
+@dataclass
+class MeanFieldRun(GuideRun):
+    """One run of :class:`MeanField`: ``q(u)`` as read at its ``.u`` sites (reused by its
+    ``.f`` sites: each read is two ``pyro.param`` statements and a lower-Cholesky transform),
+    and per-point draws ``(..., N, D, M)`` of ``u`` by layer index."""
+
+    q: dict = field(default_factory=dict)
+    point_u: dict = field(default_factory=dict)
 
 
 class MeanField(LayerGuide):
@@ -31,12 +44,14 @@ class MeanField(LayerGuide):
     Either way the last layer's Gaussian is handed to the likelihood, which scores its
     expectation in closed form (Gaussian) or by Gauss-Hermite.
 
-    Initialisation (REFERENCE.md §3): ``m`` the prior mean; ``S = inner_variance I`` for inner
+    Initialisation (Salimbeni and Deisenroth 2017): ``m`` the prior mean; ``S = inner_variance I``
+    for inner
     layers and ``I`` for the last, in whitened coordinates (unwhitened: ``inner_variance K_ZZ``
     and ``K_ZZ``).
 
     Layers whose ``u`` holds function values (``function_values=True``, e.g. the
-    inducing-as-locations model of seed 003 §4.2) are unwhitened in the model, and Adam on an
+    inducing-as-locations model of Ustyuzhaninov et al. 2020, §4.2) are unwhitened in the model,
+    and Adam on an
     unwhitened ``(m, S)`` against a near-singular ``K_ZZ`` makes the KL diverge. With
     ``whiten_function_values=True`` (default) ``q`` keeps the same family but is
     parameterised relative to the layer's reference inducing inputs ``Z_ref``:
@@ -56,7 +71,8 @@ class MeanField(LayerGuide):
     that point's draw as its inducing inputs (one ``M x M`` Cholesky factor per point,
     ``O(N M^3)``). Unbiased, since the expected log-likelihood is a sum over points of
     expectations under the same ``q``. One draw shared by all points moves every point's
-    gradient at once: on seed 003's toy after 1000 steps the summed variance of the gradient
+    gradient at once: on the compositional toy of Ustyuzhaninov et al. 2020 after 1000 steps the
+    summed variance of the gradient
     was 2.1 to 5.8 times lower per point (two runs, different fitted states). (The ``KL`` of
     the next layer, ``E_q(u) KL(q(u') || p(u' | u))``, is estimated with the shared draw of
     the ``<layer>.u`` site.) Sample paths need :meth:`shared_draws`, as for the joint guides.
@@ -80,8 +96,6 @@ class MeanField(LayerGuide):
         self.collapsed = bool(collapsed)
         self.whiten_function_values = bool(whiten_function_values)
         self.per_point = bool(per_point)
-        self._run_q: dict = {}
-        self._point_u: dict = {}
         self.locs = PyroModule()
         self.scale_trils = PyroModule()
 
@@ -105,7 +119,8 @@ class MeanField(LayerGuide):
         layer = site.layer
         below = self.layer_sites[site.index - 1] if site.index > 0 else None
         if below is not None and below.layer.feeds_inducing_inputs:
-            q = self._run_q.get(below.name) if self._running() else None
+            run = self.current_run()
+            q = run.q.get(below.name) if run is not None else None
             # (M, D_in): the mean of the layer below's u, as read at this run's site if any
             Z_ref = (q if q is not None else self.q_params(below))[0].mT
         else:
@@ -173,45 +188,39 @@ class MeanField(LayerGuide):
                              f"{D} outputs; this family has independent rows of u")
         self.set_q_params(site.name, loc.reshape(D, M), blocks.contiguous())
 
-    def _before_run(self, *args, **kwargs):
-        super()._before_run(*args, **kwargs)
-        # q(u) as read at this run's `.u` sites, reused by its `.f` sites: each read is two
-        # pyro.param statements and a lower-Cholesky transform (and its backward)
-        self._run_q = {}
-        self._point_u = {}  # per-point draws of u (..., N, D, M) by layer index
+    def new_run(self, *args, **kwargs) -> MeanFieldRun:
+        return MeanFieldRun()
 
-    _per_run = ("_run_q", "_point_u")
-
-    def u_site(self, site):
+    def u_site(self, site, run):
         loc, scale_tril = self.q_params(site)
-        self._run_q[site.name] = (loc, scale_tril)
+        run.q[site.name] = (loc, scale_tril)
         return mvn_site(loc, scale_tril)
 
-    def _q_for_run(self, site: LayerSite):
-        q = self._run_q.get(site.name) if self._running() else None
+    def _q_for_run(self, site: LayerSite, run: MeanFieldRun):
+        q = run.q.get(site.name)
         return q if q is not None else self.q_params(site)
 
-    def f_marginal(self, site, x, u):
+    def f_marginal(self, site, x, u, run):
         if self.collapsed:
-            loc, scale_tril = self._q_for_run(site)
-            return self._conditional_per_point_inputs(site, x, loc, scale_tril)
+            loc, scale_tril = self._q_for_run(site, run)
+            return self._conditional_per_point_inputs(site, x, run, loc, scale_tril)
         return site.layer.conditional(x, u)
 
-    def f_given_u(self, site, x, u):
+    def f_given_u(self, site, x, u, run):
         if not self.per_point or self._shared_only:
             return site.layer.conditional(x, u)
-        loc, scale_tril = self._q_for_run(site)
+        loc, scale_tril = self._q_for_run(site, run)
         eps = torch.randn(u.shape[:-2] + x.shape[-2:-1] + loc.shape, dtype=loc.dtype,
                           device=loc.device)
         u_points = loc + (scale_tril @ eps.unsqueeze(-1)).squeeze(-1)  # (..., N, D, M)
-        out = self._conditional_per_point_inputs(site, x, u_points)
-        self._point_u[site.index] = u_points
+        out = self._conditional_per_point_inputs(site, x, run, u_points)
+        run.point_u[site.index] = u_points
         return out
 
-    def _conditional_per_point_inputs(self, site, x, loc, scale_tril=None):
+    def _conditional_per_point_inputs(self, site, x, run, loc, scale_tril=None):
         """The layer's conditional where the layer below drew its ``u`` (this layer's
         inducing inputs) per point: each point is its own batch entry; else the plain one."""
-        below = self._point_u.get(site.index - 1)
+        below = run.point_u.get(site.index - 1)
         if below is None and loc.dim() == 2:
             return site.layer.conditional(x, loc, scale_tril)
         with site.layer.given_inducing_inputs(None if below is None else below.mT):

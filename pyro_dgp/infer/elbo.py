@@ -11,7 +11,7 @@ the sum. For a layer guide of the model it takes both traces from one run of the
 runs the model itself (:meth:`~pyro_dgp.guides.base.LayerGuide.traces`), instead of running
 the model again under ``poutine.replay``: that second run redid nothing the loss needs (0.35
 ms of a 16.8 ms step, speed benchmark's 2-layer model, M = 100, B = 1024, H = 8, 2 threads;
-``BENCHMARKS.md``, session 6). The sum:
+``benchmarks/results/history.md``). The sum:
 
 - an observed model site: its scaled and masked log-density;
 - a latent site: ``KL(q || p)`` in closed form where one is registered, else
@@ -39,7 +39,8 @@ from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.trace_messenger import TraceMessenger
 from pyro.poutine.util import prune_subsample_sites
 
-from ..guides.base import LayerGuide, _is_vectorising
+from ..guides.base import LayerGuide
+from ..guides.prototype import is_vectorising
 
 __all__ = ["AnalyticKL_ELBO"]
 
@@ -59,7 +60,7 @@ def _log_prob_sum(site: dict) -> torch.Tensor:
 
 def _uncovered_latent_message(name: str, site: dict) -> str:
     """Why a latent model site without a guide site cannot enter the analytic-KL ELBO."""
-    plates = [f.name for f in site["cond_indep_stack"] if not _is_vectorising(f)]
+    plates = [f.name for f in site["cond_indep_stack"] if not is_vectorising(f)]
     where = (f"a local (per-point) latent inside the plate(s) {plates}" if plates
              else "a latent site")
     return (

@@ -294,9 +294,8 @@ def fit(
         exponential decay over steps ``t = 0 .. num_steps - 1``,
         ``lr_t = lr * lr_decay ** (t / (num_steps - 1))`` (``1``: constant). A
         function of the step only, so a resumed run follows the same schedule.
-    :param final_elbo_particles: draws of the ELBO at the final parameters
-        (``FitResult.final_elbo``; 0: not evaluated). They come from their own seeded stream,
-        leaving the global random state as training left it.
+    :param final_elbo_particles: draws of ``FitResult.final_elbo`` (0: not evaluated), from
+        their own seeded stream: the global random state stays as training left it.
     :raises TrainingDivergedError: on a NaN/inf loss or a Cholesky failure (parameters gone
         non-finite), after restoring the last good parameters and writing the checkpoint.
     """

@@ -1,5 +1,9 @@
 """Likelihoods ``p(y | f)`` of the last layer, with expectations under a Gaussian ``f``."""
 
-from .base import BernoulliProbit, Gaussian, Likelihood, StudentT, gauss_hermite
+from .base import AnalyticObservation, Likelihood, gauss_hermite
+from .gaussian import Gaussian
+from .probit import BernoulliProbit
+from .student_t import StudentT
 
-__all__ = ["BernoulliProbit", "Gaussian", "Likelihood", "StudentT", "gauss_hermite"]
+__all__ = ["AnalyticObservation", "BernoulliProbit", "Gaussian", "Likelihood", "StudentT",
+           "gauss_hermite"]

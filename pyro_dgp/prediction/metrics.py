@@ -1,4 +1,5 @@
-"""Scores of a predictive distribution against test targets (REFERENCE.md §5)."""
+"""Scores of a predictive distribution against test targets: NLL, RMSE, CRPS, coverage, and
+accuracy and AUC for binary labels."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ __all__ = ["nll", "rmse", "crps", "coverage", "accuracy", "auc", "regression_rep
 
 def _targets(pred: MixturePredictive, y: torch.Tensor) -> torch.Tensor:
     """``y`` checked against the predictive's ``(N,)`` points (see
-    :meth:`MixturePredictive._targets`)."""
+    :meth:`MixturePredictive.check_targets`)."""
     if not isinstance(y, torch.Tensor):
         raise TypeError(f"y must be a torch.Tensor, got {type(y).__name__}")
-    return pred._targets(y)
+    return pred.check_targets(y)
 
 
 def _labels(pred: MixturePredictive, y: torch.Tensor) -> torch.Tensor:
