@@ -185,14 +185,8 @@ def _per_draw_sum(lp: torch.Tensor, S: int) -> torch.Tensor:
     return lp.sum(-1).reshape(-1).expand(S)
 
 
-def variational_pareto_k(
-    model,
-    guide,
-    X: torch.Tensor,
-    y: torch.Tensor,
-    num_samples: int = 1000,
-    seed: int | None = None,
-) -> VariationalPSIS:
+def variational_pareto_k(model, guide, X: torch.Tensor, y: torch.Tensor, *,
+                         num_samples: int = 1000, seed: int | None = None) -> VariationalPSIS:
     """PSIS diagnostic of the variational approximation (Yao, Vehtari, Simpson & Gelman 2018).
 
     ``S`` draws ``theta_s ~ q`` are weighted by ``log w_s = log p(y, theta_s) - log q(theta_s)``

@@ -134,9 +134,7 @@ class DeepGP(PyroModule):
     # ------------------------------------------------------------------ constructors
     @classmethod
     def regression(
-        cls,
-        X: torch.Tensor,
-        y: torch.Tensor,
+        cls, X: torch.Tensor, y: torch.Tensor, *,
         num_layers: int = 2,
         hidden_dim: int | None = None,
         num_inducing: int = 100,

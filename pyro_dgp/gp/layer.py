@@ -26,6 +26,7 @@ from pyro.nn import PyroModule, PyroParam
 
 from ..kernels import RBF, Kernel
 from ..linalg import cholesky, default_jitter
+from ..state import swapped
 from ..validation import (
     check_finite,
     check_inputs,
@@ -265,11 +266,8 @@ class GPLayer(PyroModule):
                 f"layer '{self.name}': random inducing inputs need function_values=True "
                 "(centred) or whiten=True (non-centred)"
             )
-        previous, self._random_Z = self._random_Z, Z
-        try:
+        with swapped(self, "_random_Z", Z):
             yield self
-        finally:
-            self._random_Z = previous
 
     def current_inducing_inputs(self) -> torch.Tensor:
         """``(M, D_in)``, or ``(..., M, D_in)`` where this call's inducing inputs are random."""

@@ -33,6 +33,7 @@ from pyro.poutine.util import site_is_subsample
 from ..gp.distributions import FunctionMarginal, masked_out
 from ..gp.kl import layer_gaussian_kl
 from ..gp.sites import FunctionSite, InducingSite, layer_site
+from ..state import swapped
 from ..validation import unique_name
 from .gaussian import LayerGaussian, check_size, gaussian_parameters
 from .prototype import LayerSite, example_args, is_vectorising, prototype_sites
@@ -338,11 +339,8 @@ class LayerGuide(PyroModule):
         """Within this context every guide run draws one ``U`` for all data points, so the
         ``<layer>.f`` values of a trace are one composition of functions (sample paths), also
         for a guide that trains with per-point draws (``per_point``)."""
-        previous, self._shared_only = self._shared_only, True
-        try:
+        with swapped(self, "_shared_only", True):
             yield self
-        finally:
-            self._shared_only = previous
 
 
 def shared_draws(guide) -> contextlib.AbstractContextManager:

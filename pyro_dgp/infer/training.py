@@ -266,6 +266,7 @@ def fit(
     guide,
     X: torch.Tensor,
     y: torch.Tensor,
+    *,
     num_steps: int = 1000,
     batch_size: int | None = None,
     lr: float = 0.01,
