@@ -35,9 +35,9 @@ class MeanField(LayerGuide):
     Estimators of ``E_q log p(y | f^L)``:
 
     - ``collapsed=True`` (DSVI eq. 15): ``u^l`` is integrated out per point, so ``f^l`` is drawn
-      from the univariate marginals ``N(A^T m, k - A^T (K - S) A)``. Unbiased because ``q(u^l)``
-      is Gaussian and independent of the layers below, so this marginal is exactly the law of
-      ``f^l`` given ``f^{l-1}`` under the guide.
+      from the univariate marginals ``N(a^T m, k - a^T (K - S) a)``, ``a = K^-1 k_Z(x)``.
+      Unbiased because ``q(u^l)`` is Gaussian and independent of the layers below, so this
+      marginal is exactly the law of ``f^l`` given ``f^{l-1}`` under the guide.
     - ``collapsed=False``: the sampled-u estimator; ``f^l`` is drawn from the model's
       conditional given the sampled ``u^l``.
 

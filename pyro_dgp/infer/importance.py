@@ -29,8 +29,11 @@ __all__ = ["RenyiELBO", "importance_weights", "importance_weighting"]
 
 class RenyiELBO(pyro.infer.RenyiELBO):
     """Pyro's ``RenyiELBO`` evaluated inside :func:`importance_weights`, so that with a guide
-    whose runs are importance weights it is the Renyi bound of the model (``alpha -> 0``: the
-    ELBO with ``f | u`` integrated inside the log; ``K -> inf`` draws: ``log p(y)``)."""
+    whose runs are importance weights it is the Renyi bound of the model (Li and Turner 2016,
+    Pyro's convention): ``alpha -> 1`` is the ELBO with ``f | u`` integrated inside the log,
+    ``alpha = 0`` the importance-weighted bound of Burda et al. 2016, which tends to
+    ``log p(y)`` as the number of draws grows; for ``0 < alpha < 1`` it stays below
+    ``log p(y)`` whatever the number of draws."""
 
     def loss(self, model, guide, *args, **kwargs):
         with importance_weights():
