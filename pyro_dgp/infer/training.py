@@ -262,11 +262,7 @@ class _Training:
 
 
 def fit(
-    model,
-    guide,
-    X: torch.Tensor,
-    y: torch.Tensor,
-    *,
+    model, guide, X: torch.Tensor, y: torch.Tensor, *,
     num_steps: int = 1000,
     batch_size: int | None = None,
     lr: float = 0.01,
@@ -286,7 +282,7 @@ def fit(
     :param X: ``(N, D)`` inputs; :param y: ``(N,)`` targets, on the model's device and dtype.
     :param batch_size: minibatch size B (``None``: full batch); the likelihood is scaled by
         ``N / B`` through the model's ``num_data``.
-    :param objective: a Pyro ELBO instance or a name, see :func:`make_objective`.
+    :param objective: a Pyro ELBO or a name (:func:`make_objective`).
     :param seed: seeds Pyro/torch/numpy and the minibatch stream (``None``: leave as is).
     :param checkpoint: file written every ``checkpoint_every`` steps, at the end, on
         divergence and on KeyboardInterrupt; ``resume=True`` continues from it exactly
