@@ -15,7 +15,7 @@ import torch
 from . import datasets, metrics
 from .gp.deep_gp import DeepGP
 from .guides.registry import GUIDES, make_guide
-from .infer.checkpoint import load_fit, save_fit
+from .infer.checkpoint import load_fit, safe_load, save_fit
 from .infer.training import fit
 from .prediction import predict
 
@@ -256,7 +256,7 @@ def _evaluate_settings(args, cfg: dict) -> tuple[dict, int, int]:
 
 
 def cmd_evaluate(args) -> int:
-    cfg = torch.load(args.fit, weights_only=False, map_location="cpu")["config"]
+    cfg = safe_load(args.fit, map_location="cpu")["config"]
     spec, seed, samples = _evaluate_settings(args, cfg)
     classification = cfg["model"].get("task") == "classification"
     data = _load_data(spec, classification)

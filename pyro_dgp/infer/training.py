@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from ..linalg import CholeskyError
 from ..validation import check_inputs, check_positive_int, check_targets
-from .checkpoint import atomic_save, rng_state, set_rng_state
+from .checkpoint import atomic_save, rng_state, safe_load, set_rng_state
 from .objectives import evaluate_elbo, make_objective
 
 __all__ = ["FitResult", "TrainingDivergedError", "fit", "make_objective", "make_optimizer"]
@@ -141,7 +141,7 @@ class _Training:
             raise ValueError("resume=True needs a checkpoint path")
         if not self.path.exists():
             return
-        state = torch.load(self.path, map_location=self.X.device, weights_only=False)
+        state = safe_load(self.path, map_location=self.X.device)
         self.model.load_state_dict(state["model"])
         self.guide.load_state_dict(state["guide"])
         self.opt.load_state_dict(state["optimizer"])
