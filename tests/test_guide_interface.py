@@ -5,12 +5,11 @@ import math
 
 import pytest
 import torch
+from test_elbo_known_answers import _dense_svgp_elbo, _single_layer
 from torch.distributions import LowRankMultivariateNormal, MultivariateNormal
 
 import pyro_dgp as dgp
 from pyro_dgp.guides.registry import GUIDES, make_guide
-
-from test_elbo_known_answers import _dense_svgp_elbo, _single_layer
 
 DT = torch.float64
 #: families whose estimator of a one-layer ELBO is exact: u of the last layer is integrated
@@ -38,7 +37,7 @@ def _rank(name, guide):
     if name == "coupled-lowrank":
         return guide.rank
     if name == "autolowrank":
-        guide.layer_names  # sets the autoguide up
+        _ = guide.layer_names  # sets the autoguide up
         return guide.inner.rank
     return None
 
@@ -156,3 +155,24 @@ def test_fit_reports_the_elbo_at_the_final_parameters():
                                               rel=1e-8)
     assert "final_elbo" in repr(result) and len(repr(result)) < 200
     assert math.isfinite(result.final_elbo_stderr)
+
+
+@pytest.mark.parametrize("entry", ["fit", "predict", "to_datatree", "layer_summary",
+                                   "variational_pareto_k", "layer_kl"])
+def test_a_guide_of_another_model_is_refused_naming_both(entry):
+    X = torch.linspace(-1, 1, 12, dtype=DT).unsqueeze(-1)
+    y = torch.sin(3 * X[:, 0])
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=3, name="ours")
+    other = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=3, name="theirs")
+    guide = dgp.guides.MeanField(other)
+    calls = {
+        "fit": lambda: dgp.fit(model, guide, X, y, num_steps=1, progress=False),
+        "predict": lambda: dgp.predict(model, guide, X, num_samples=2),
+        "to_datatree": lambda: dgp.to_datatree(model, guide, X, y, num_samples=2),
+        "layer_summary": lambda: dgp.layer_summary(model, guide, X, num_samples=2),
+        "variational_pareto_k": lambda: dgp.variational_pareto_k(model, guide, X, y,
+                                                                 num_samples=10),
+        "layer_kl": lambda: dgp.diagnostics.layer_kl(model, guide, X),
+    }
+    with pytest.raises(ValueError, match=f"{entry}: .*'theirs'.*'ours'"):
+        calls[entry]()

@@ -125,7 +125,7 @@ def test_predict_rejects_a_guide_of_another_model(data):
     b = dgp.DeepGP.regression(X, -y, num_inducing=5)
     guide = MeanField(a)
     guide(X, y)
-    with pytest.raises(ValueError, match="the guide was built for another model"):
+    with pytest.raises(ValueError, match="predict: the guide MeanField was built for the model"):
         dgp.predict(b, guide, X, num_samples=2)
 
 

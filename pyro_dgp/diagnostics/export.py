@@ -56,6 +56,7 @@ from pyro.poutine.util import site_is_subsample
 
 from ..gp.sites import function_site, layer_site
 from ..infer.draws import (
+    check_guide_of,
     function_sites,
     global_draws,
     observation_log_prob,
@@ -218,6 +219,7 @@ def to_datatree(
 def _draw(model, guide, X, y, grid, S: int, seed: int | None) -> _Draws:
     """The guide's ``S`` draws at ``X`` (and, replayed, at ``grid``), the model replayed on
     them, and a posterior-predictive draw of each observation site."""
+    check_guide_of(model, guide, "to_datatree")
     set_up_guide(guide, (X,), seed, X.device)  # not inside the seeded draws: it uses the RNG
     with torch.no_grad(), seeded(seed, X.device):
         guide_trace = trace_draws(guide, (X,), S)

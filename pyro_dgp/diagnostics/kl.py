@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..gp.sites import function_site
-from ..infer.draws import function_sites, set_up_guide, trace_draws, unmasked
+from ..infer.draws import check_guide_of, function_sites, set_up_guide, trace_draws, unmasked
 from ..rng import seeded
 
 __all__ = ["layer_kl", "monte_carlo_kl", "monte_carlo_kl_draws"]
@@ -33,6 +33,7 @@ def layer_kl(
         :func:`~pyro_dgp.diagnostics.export.to_datatree` does); else one is drawn
         (``num_samples``, from ``seed``).
     """
+    check_guide_of(model, guide, "layer_kl")
     if trace is None:
         set_up_guide(guide, (X,), seed, X.device)  # not inside the seeded draws: it uses the RNG
         with torch.no_grad(), seeded(seed, X.device):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from ..infer.draws import check_guide_of
 from .export import to_datatree
 
 __all__ = ["SAMPLE_DIMS", "layer_order", "layer_summary", "layer_variance"]
@@ -24,13 +25,14 @@ __all__ = ["SAMPLE_DIMS", "layer_order", "layer_summary", "layer_variance"]
 SAMPLE_DIMS = ("chain", "draw")
 
 
-def _as_datatree(source, guide=None, X=None, **kwargs) -> xr.DataTree:
+def _as_datatree(source, guide=None, X=None, where="layer_summary", **kwargs) -> xr.DataTree:
     if isinstance(source, xr.DataTree):
         return source
     if isinstance(source, tuple):
         source, guide, X = source
     if guide is None or X is None:
         raise TypeError("pass a DataTree, a tuple (model, guide, X), or model, guide, X")
+    check_guide_of(source, guide, where)
     kwargs.setdefault("seed", 0)
     return to_datatree(source, guide, X, **kwargs)
 
@@ -45,7 +47,7 @@ def layer_variance(source, guide=None, X=None, **kwargs) -> xr.Dataset:
         ``(model, guide, X)``, or ``model`` with ``guide`` and ``X`` (extra keyword arguments
         go to ``to_datatree``).
     """
-    dt = _as_datatree(source, guide, X, **kwargs)
+    dt = _as_datatree(source, guide, X, where="layer_variance", **kwargs)
     ds = dt["layers"].to_dataset()
     out = {}
     for lname in layer_order(dt):

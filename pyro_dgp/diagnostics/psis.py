@@ -15,6 +15,7 @@ from pyro.poutine.util import site_is_subsample
 
 from ..gp.sites import function_site, inducing_site
 from ..infer.draws import (
+    check_guide_of,
     global_draws,
     observation_log_prob,
     set_up_guide,
@@ -224,6 +225,7 @@ def variational_pareto_k(model, guide, X: torch.Tensor, y: torch.Tensor, *,
     """
     check_inputs(X)
     S = check_positive_int(num_samples, "num_samples")
+    check_guide_of(model, guide, "variational_pareto_k")
     set_up_guide(guide, (X,), seed, X.device)  # not inside the seeded draws: it uses the RNG
     with torch.no_grad(), seeded(seed, X.device):
         guide_trace = trace_draws(guide, (X,), S)

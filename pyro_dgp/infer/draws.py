@@ -26,6 +26,7 @@ from ..likelihoods import AnalyticObservation
 from ..rng import seeded
 
 __all__ = [
+    "check_guide_of",
     "SAMPLE_PLATE",
     "function_sites",
     "global_draws",
@@ -58,6 +59,22 @@ def set_up_guide(guide, args: tuple, seed: int | None, device) -> None:
         return
     with torch.no_grad(), seeded(seed, device), poutine.block(), shared_draws(guide):
         guide(*args)
+
+
+def check_guide_of(model, guide, where: str) -> None:
+    """Refuse a layer guide built for another model (it would train or report nothing of
+    ``model``), naming both.
+
+    :raises ValueError: where ``guide.model`` is not ``model``."""
+    if is_layer_guide(guide) and guide.model is not model:
+        def name(m):
+            return f"{type(m).__name__} '{getattr(m, '_pyro_name', '') or id(m)}'"
+
+        raise ValueError(
+            f"{where}: the guide {type(guide).__name__} was built for the model "
+            f"{name(guide.model)}, not for {name(model)}; build the guide on this model "
+            "(e.g. guides.MeanField(model)) or pass the guide's own model (guide.model)"
+        )
 
 
 def is_layer_guide(guide) -> bool:

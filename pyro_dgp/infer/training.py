@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 from ..linalg import CholeskyError
 from ..validation import check_inputs, check_positive_int, check_targets
 from .checkpoint import atomic_save, rng_state, safe_load, set_rng_state
+from .draws import check_guide_of
 from .objectives import evaluate_elbo, make_objective
 
 __all__ = ["FitResult", "TrainingDivergedError", "fit", "make_objective", "make_optimizer"]
@@ -297,6 +298,7 @@ def fit(
         non-finite), after restoring the last good parameters and writing the checkpoint.
     """
     N, B = _check_arguments(model, X, y, num_steps, batch_size, lr, lr_decay, checkpoint_every)
+    check_guide_of(model, guide, "fit")
     if seed is not None:
         pyro.set_rng_seed(seed)
     # the minibatch stream: from the seed, else from torch's global stream (as is)

@@ -6,8 +6,8 @@ import torch
 
 from ..guides.base import shared_draws
 from ..infer.draws import (
+    check_guide_of,
     function_sites,
-    is_layer_guide,
     set_up_guide,
     trace_draws_and_model,
     unmasked,
@@ -48,9 +48,7 @@ def predict(
     likelihood = getattr(model, "likelihood", None)
     if likelihood is None:
         raise ValueError("predict() needs a model with a .likelihood (e.g. pyro_dgp.DeepGP)")
-    if is_layer_guide(guide) and guide.model is not model:
-        raise ValueError("predict: the guide was built for another model; pass the model the "
-                         "guide was built for (guide.model)")
+    check_guide_of(model, guide, "predict")
     last = model.layers[-1].name + ".f" if hasattr(model, "layers") else None
     set_up_guide(guide, (X[..., :batch_size, :],), seed, X.device)
     # one U per draw for all points: per-point draws (a training estimator) would give the
