@@ -284,7 +284,14 @@ def cmd_bench(args, rest: list[str]) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pyro-dgp", description="Deep Gaussian processes on Pyro")
     sub = p.add_subparsers(dest="command", required=True)
+    _add_demo(sub)
+    _add_fit(sub)
+    _add_evaluate(sub)
+    _add_bench(sub)
+    return p
 
+
+def _add_demo(sub) -> None:
     d = sub.add_parser("demo", help="fit GP and DGP models with two guides on built-in data")
     d.add_argument("--steps", type=_positive_int, default=1500, help="SVI steps per model")
     d.add_argument("--n-train", type=_positive_int, default=100, help="training points")
@@ -295,36 +302,41 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--quiet", action="store_true", help="no progress bars")
     d.set_defaults(func=cmd_demo)
 
-    def data_args(q, for_fit: bool):
-        saved = "" if for_fit else " (default: the fit's)"
-        q.add_argument("--data", required=for_fit,
-                       help="a UCI name (boston, energy, ...), a built-in set, or a CSV path"
-                            + saved)
-        q.add_argument("--target",
-                       help="target column of a CSV file (required for CSV, an error for "
-                            "named sets, whose target is fixed)" + saved)
-        q.add_argument("--split", type=int, default=None,
-                       help="which train/test split: for a UCI set the index of the standard "
-                            "split (default 0), for a built-in set its seed, for a CSV file "
-                            "the seed of its random split (default: --seed)" + saved)
-        q.add_argument("--test-fraction", type=float, default=None,
-                       help="CSV files only: fraction of rows held out for testing (default "
-                            f"{_DEFAULT_TEST_FRACTION})" + saved)
-        q.add_argument("--data-dir",
-                       help="folder with uci/ (default: $PYRO_DGP_DATA, cache)" + saved)
-        q.add_argument("--device", default="cpu" if for_fit else None,
-                       help="torch device (default cpu)" + saved)
-        q.add_argument("--dtype", choices=sorted(_DTYPES),
-                       default="float64" if for_fit else None,
-                       help="floating-point type (default float64)" + saved)
-        q.add_argument("--samples", type=_positive_int, default=100 if for_fit else None,
-                       help="predictive samples S (default 100)" + saved)
-        q.add_argument("--seed", type=int, default=0 if for_fit else None,
-                       help="seed of initialisation, training and prediction (default 0)"
-                            + saved)
 
+def _data_args(q, for_fit: bool) -> None:
+    """The options that say which data a fit is of (saved with the fit; ``evaluate`` reads
+    them from it unless given)."""
+    saved = "" if for_fit else " (default: the fit's)"
+    q.add_argument("--data", required=for_fit,
+                   help="a UCI name (boston, energy, ...), a built-in set, or a CSV path"
+                        + saved)
+    q.add_argument("--target",
+                   help="target column of a CSV file (required for CSV, an error for "
+                        "named sets, whose target is fixed)" + saved)
+    q.add_argument("--split", type=int, default=None,
+                   help="which train/test split: for a UCI set the index of the standard "
+                        "split (default 0), for a built-in set its seed, for a CSV file "
+                        "the seed of its random split (default: --seed)" + saved)
+    q.add_argument("--test-fraction", type=float, default=None,
+                   help="CSV files only: fraction of rows held out for testing (default "
+                        f"{_DEFAULT_TEST_FRACTION})" + saved)
+    q.add_argument("--data-dir",
+                   help="folder with uci/ (default: $PYRO_DGP_DATA, cache)" + saved)
+    q.add_argument("--device", default="cpu" if for_fit else None,
+                   help="torch device (default cpu)" + saved)
+    q.add_argument("--dtype", choices=sorted(_DTYPES),
+                   default="float64" if for_fit else None,
+                   help="floating-point type (default float64)" + saved)
+    q.add_argument("--samples", type=_positive_int, default=100 if for_fit else None,
+                   help="predictive samples S (default 100)" + saved)
+    q.add_argument("--seed", type=int, default=0 if for_fit else None,
+                   help="seed of initialisation, training and prediction (default 0)"
+                        + saved)
+
+
+def _add_fit(sub) -> None:
     f = sub.add_parser("fit", help="fit a DGP to a UCI set or a CSV file")
-    data_args(f, for_fit=True)
+    _data_args(f, for_fit=True)
     f.add_argument("--layers", type=_positive_int, default=2)
     f.add_argument("--hidden-dim", type=_positive_int)
     f.add_argument("--inducing", type=_positive_int, default=100)
@@ -345,17 +357,21 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--quiet", action="store_true")
     f.set_defaults(func=cmd_fit)
 
+
+def _add_evaluate(sub) -> None:
     e = sub.add_parser(
         "evaluate", help="score a saved fit on its test split",
         description="Score a saved fit on the test split it was fitted with. The data set, "
                     "split, dtype, device, seed and number of samples are read from the fit; "
                     "an argument given here overrides the saved value.")
     e.add_argument("fit", help="fit.pt written by 'pyro-dgp fit'")
-    data_args(e, for_fit=False)
+    _data_args(e, for_fit=False)
     e.add_argument("--plots", metavar="DIR",
                    help="also write the ArviZ DataTree and per-layer diagnostic PNGs here")
     e.set_defaults(func=cmd_evaluate)
 
+
+def _add_bench(sub) -> None:
     # the suite's own options are left unparsed (parse_known_args) and passed on to it
     b = sub.add_parser("bench", help="benchmarks: uci | speed | compositional (options after "
                                      "the suite name go to it; see 'pyro-dgp bench uci -h')",
@@ -368,7 +384,6 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("suite", nargs="?", choices=["uci", "speed", "compositional"],
                    help="the benchmark suite")
     b.set_defaults(func=cmd_bench, bench_parser=b)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
