@@ -13,11 +13,11 @@ import time
 
 import pyro
 import torch
+from compositional import FAMILIES, build_model
 from pyro import poutine
 from pyro.distributions.kl import kl_divergence
 
 from pyro_dgp import datasets
-from pyro_dgp.bench.compositional import FAMILIES, build_model
 from pyro_dgp.infer.training import fit
 
 

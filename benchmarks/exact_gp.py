@@ -20,10 +20,10 @@ from pathlib import Path
 
 import gpytorch
 import torch
+from machine import cpu_model
+from uci import mean_se
 
 from pyro_dgp import datasets
-from pyro_dgp.bench import cpu_model
-from pyro_dgp.bench.uci import mean_se
 
 
 class _ExactGP(gpytorch.models.ExactGP):

@@ -1,4 +1,5 @@
-"""The ``pyro-dgp`` command line: ``demo``, ``fit``, ``evaluate``, ``bench``."""
+"""The ``pyro-dgp`` command line: ``demo``, ``fit``, ``evaluate``. The benchmarks are scripts in
+the repository's ``benchmarks/`` folder (``python benchmarks/uci.py --help``)."""
 
 from __future__ import annotations
 
@@ -270,24 +271,12 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
-def cmd_bench(args, rest: list[str]) -> int:
-    if args.suite == "uci":
-        from .bench.uci import main as run
-    elif args.suite == "speed":
-        from .bench.speed import main as run
-    else:
-        from .bench.compositional import main as run
-    return run(rest)
-
-
-# ------------------------------------------------------------------------------------ parser
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pyro-dgp", description="Deep Gaussian processes on Pyro")
     sub = p.add_subparsers(dest="command", required=True)
     _add_demo(sub)
     _add_fit(sub)
     _add_evaluate(sub)
-    _add_bench(sub)
     return p
 
 
@@ -371,33 +360,9 @@ def _add_evaluate(sub) -> None:
     e.set_defaults(func=cmd_evaluate)
 
 
-def _add_bench(sub) -> None:
-    # the suite's own options are left unparsed (parse_known_args) and passed on to it
-    b = sub.add_parser("bench", help="benchmarks: uci | speed | compositional (options after "
-                                     "the suite name go to it; see 'pyro-dgp bench uci -h')",
-                       usage="%(prog)s [-h] {uci,speed,compositional} [SUITE OPTIONS ...]",
-                       description="Run a benchmark suite. Options after the suite name go "
-                                   "to the suite: 'pyro-dgp bench SUITE -h' lists them.",
-                       add_help=False, allow_abbrev=False)
-    b.add_argument("-h", "--help", action="store_true",
-                   help="show this help (after a suite name: the suite's help) and exit")
-    b.add_argument("suite", nargs="?", choices=["uci", "speed", "compositional"],
-                   help="the benchmark suite")
-    b.set_defaults(func=cmd_bench, bench_parser=b)
-
-
 def main(argv: list[str] | None = None) -> int:
-    args, rest = build_parser().parse_known_args(argv)
+    args = build_parser().parse_args(argv)
     try:
-        if args.command == "bench":
-            if args.suite is None:
-                if args.help:
-                    args.bench_parser.print_help()
-                    return 0
-                args.bench_parser.error("the following arguments are required: suite")
-            return cmd_bench(args, rest + ["--help"] if args.help else rest)
-        if rest:
-            build_parser().parse_args(argv)  # reports the unknown arguments and exits
         return args.func(args)
     except (ValueError, FileNotFoundError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -1,6 +1,12 @@
+import sys
+from pathlib import Path
+
 import pyro
 import pytest
 import torch
+
+# The benchmark scripts (not part of the package) are imported by their tests from there.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 # The test problems are small: one thread avoids OpenMP spin-waiting on a 2-core CI machine
 # (measured here: 8 ms per 20x20 tril with 2 threads under load, 1.5 us with one).

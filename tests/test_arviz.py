@@ -324,7 +324,8 @@ def _whitened_terms(model, X):
 def _set_gaussian_q(guide, precision, rhs):
     cov = torch.linalg.inv(precision)
     cov = 0.5 * (cov + cov.T)
-    guide.set_q_params("layer1.u", (cov @ rhs).unsqueeze(0), torch.linalg.cholesky(cov).unsqueeze(0))
+    guide.set_q_params("layer1.u", (cov @ rhs).unsqueeze(0),
+                       torch.linalg.cholesky(cov).unsqueeze(0))
 
 
 def test_pareto_k_exact_posterior_gives_constant_weights():

@@ -321,7 +321,7 @@ def test_figure5_paths_follow_each_draw_of_u():
     draw of u1, whose spread across 2000 draws is diag(J S J^T) (J: the linear map from u1 to
     the conditional mean, S = Cov q(u1)), within 4 standard errors of a sample variance. A
     collapsed marginal (the same curve for every draw) has none."""
-    from pyro_dgp.bench.compositional import DT, _paths, build_model
+    from compositional import DT, _paths, build_model
 
     data = dgp.datasets.compositional_toy(dtype=DT)
     model = build_model(data.X_train, data.y_train, "fixed", M=8)

@@ -5,8 +5,8 @@ import pyro
 import pytest
 import torch
 from pyro import poutine
+from speed import Config, PlainDSVI, main, make_implementations
 
-from pyro_dgp.bench.speed import Config, PlainDSVI, main, make_implementations
 from pyro_dgp.gp.conditional import quadratic_form
 
 CFG = Config(num_layers=3, num_inducing=7, batch_size=40, hidden_dim=3, input_dim=4,

@@ -1,11 +1,11 @@
-"""End-to-end test of the UCI benchmark harness (pyro_dgp.bench.uci) on a tiny setting."""
+"""End-to-end test of the UCI benchmark harness (pyro_uci) on a tiny setting."""
 
 import json
 
 import pytest
+import uci
 
 from pyro_dgp import datasets
-from pyro_dgp.bench import uci
 
 
 def _have_boston() -> bool:

@@ -1,4 +1,4 @@
-"""Benchmark harnesses (UCI regression protocol, speed)."""
+"""The machine a benchmark ran on."""
 
 import platform
 from pathlib import Path
