@@ -1,4 +1,4 @@
-"""Reproduction of seed 003 Table 1 and Figure 5: compositional uncertainty of guides.
+"""Table 1 and Figure 5 of Ustyuzhaninov et al. 2020: compositional uncertainty of guides.
 
 A 2-layer DGP (squared-exponential layer with identity mean, then a periodic layer) on the
 compositional toy of :func:`pyro_dgp.datasets.compositional_toy`, fitted by five variational
@@ -10,7 +10,7 @@ paths.
 
 The toy's noise (``--noise``, default 0.01: near noise-free) sets the scale of the ELBO. At
 0.05 mean-field's ELBO is within the paper's range (23 to 36), and there every cross-layer
-family's ELBO is above mean-field's; at 0.01 only Coupled's is (BENCHMARKS.md, session 8).
+family's ELBO is above mean-field's; at 0.01 only Coupled's is (benchmarks/results/history.md).
 
 Run: ``python benchmarks/compositional.py --trials 10 --steps 3000 --append BENCHMARKS.md``.
 """
@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import pyro
+import results
 import torch
 from machine import cpu_model
 from pyro import poutine
@@ -63,7 +64,7 @@ FAMILIES = {
 }
 DEFAULT_FAMILIES = ["mean-field", "coupled", "chain", "inducing-as-locations",
                     "inducing-as-locations (whitened last layer)"]
-PUBLISHED = {  # seed 003 Table 1: mean +- sd over 10 trials
+PUBLISHED = {  # Ustyuzhaninov et al. 2020, Table 1: mean +- sd over 10 trials
     "mean-field": ("", "1.99e-6 +- 1.76e-7", ""),
     "coupled": ("23.15 +- 6.80", "4.23e-5 +- 3.17e-6", "3.33e-4 +- 2.12e-5"),
     "inducing-as-locations": ("36.31 +- 3.55", "2.22e-3 +- 2.73e-4", "4.98e-2 +- 7.78e-3"),
@@ -73,7 +74,8 @@ PUBLISHED = {  # seed 003 Table 1: mean +- sd over 10 trials
 def build_model(X, y, inducing: str, M: int = 20, locations_jitter: float = 1e-3) -> DeepGP:
     """SE layer (identity mean) then a periodic layer, M inducing points on [-1, 1].
 
-    :param inducing: ``"fixed"``, ``"locations"`` (seed 003 §4.2, both layers hold ``f(Z)``)
+    :param inducing: ``"fixed"``, ``"locations"`` (Ustyuzhaninov et al. 2020, §4.2: both
+        layers hold ``f(Z)``)
         or ``"locations-whitened"`` (the same model with the periodic layer whitened at its
         random inducing inputs, non-centred; its jitter is the layer default).
     """
@@ -86,7 +88,7 @@ def build_model(X, y, inducing: str, M: int = 20, locations_jitter: float = 1e-3
     # With random inducing inputs f^z_1 spanning several periods, K(f^z_1) of the periodic
     # kernel is near-singular and the KL of q(f^z_2) is dominated by its smallest eigenvalues:
     # a nugget of 1e-3 (relative to the mean diagonal) on that layer helps (with the default
-    # 1e-6 the model did not fit: BENCHMARKS.md, session 2). With per-point draws and 16000
+    # 1e-6 the model did not fit: benchmarks/results/history.md). With per-point draws and 16000
     # steps, 1e-3 let 2 of 5 trials fail late; see BENCHMARKS.md for 1e-4.
     second = GPLayer(1, 1, inducing_points=Z.clone(), kernel=kernels.Periodic(1, period=1.0),
                      whiten=not locations or last_whitened,
@@ -177,8 +179,8 @@ def run_trial(family: str, data, trial: int, steps: int, lr: float, M: int,
     model = build_model(data.X_train, data.y_train, inducing, M, locations_jitter)
     guide = MeanField(model) if warm else Guide(model)
     t0 = time.perf_counter()
-    # "auto": analytic KL (TraceMeanField_ELBO) for the mean-field families, as in seed 003
-    # eq. 23; the joint guides' KL is analytic by construction
+    # "auto": analytic KL (TraceMeanField_ELBO) for the mean-field families, as in
+    # Ustyuzhaninov et al. 2020, eq. 23; the joint guides' KL is analytic by construction
     fit(model, guide, data.X_train, data.y_train, num_steps=steps, lr=lr, seed=trial,
         progress=False, lr_decay=lr_decay)
     if warm:
@@ -226,6 +228,21 @@ def summary(rows) -> str:
     return "\n".join(lines)
 
 
+def record_summary(rows, args) -> None:
+    """One result line per family (``benchmarks/results/compositional.jsonl``): mean and
+    standard deviation over the trials of this call's settings."""
+    for family in FAMILIES:
+        rs = [r for r in rows if r["family"] == family]
+        if not rs:
+            continue
+        figures = {"trials": len(rs)}
+        for key in ("elbo", "var_f1_0", "var_f2_0"):
+            figures[key], figures[f"{key}_sd"] = _mean_sd([r[key] for r in rs])
+        results.record("compositional", {
+            "family": family, "steps": args.steps, "lr": args.lr, "lr_decay": args.lr_decay,
+            "inducing": args.inducing, "noise": args.noise, "n_train": args.n_train}, figures)
+
+
 def _jitter_of(family: str, locations_jitter: float) -> float | None:
     """The jitter a family's row records: only the centred locations model uses it."""
     return locations_jitter if FAMILIES[family][0] == "locations" else None
@@ -242,7 +259,7 @@ def _row_key(row: dict) -> tuple:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pyro-dgp bench compositional",
+    p = argparse.ArgumentParser(prog="python benchmarks/compositional.py",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=10)
     p.add_argument("--first-trial", type=int, default=0,
@@ -261,6 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--families", nargs="+", default=DEFAULT_FAMILIES, choices=list(FAMILIES))
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default="out/compositional", help="folder for JSON lines and plots")
+    p.add_argument("--no-record", action="store_true",
+                   help="do not append the summary to benchmarks/results/compositional.jsonl")
     p.add_argument("--append", help="append the summary table to this markdown file")
     return p
 
@@ -303,6 +322,8 @@ def main(argv=None) -> int:
                 last[family] = fitted
     table = summary(rows)
     print(table)
+    if not args.no_record:
+        record_summary(rows, args)
     # sample paths of the last trial fitted in this call (none if every trial was done before)
     figure = plot_paths(last, data, out / "layer_paths.png") if last else None
     if args.append:
@@ -310,7 +331,7 @@ def main(argv=None) -> int:
         cpu = cpu_model()
         with open(args.append, "a") as fh:
             fh.write(
-                f"\n## Compositional uncertainty (seed 003 Table 1)\n\n"
+                f"\n## Compositional uncertainty (Ustyuzhaninov et al. 2020, Table 1)\n\n"
                 f"`{command}` on {cpu}, {args.threads} thread(s), torch {torch.__version__}, "
                 f"{datetime.date.today()}. {args.trials} trials x {args.steps} Adam steps "
                 f"(lr {args.lr}, decayed to {args.lr * args.lr_decay:g}), M = {args.inducing}, "

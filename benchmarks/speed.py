@@ -65,6 +65,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import results
 import torch
 from machine import cpu_model
 
@@ -520,7 +521,7 @@ def _run_worker(spec: dict) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="pyro-dgp bench speed",
+        prog="python benchmarks/speed.py",
         description="Time one SVI step of a DSVI deep GP: pyro_dgp vs GPyTorch vs plain PyTorch "
         "(same model, same step); see benchmarks/speed.py for what is measured.",
     )
@@ -539,6 +540,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--impl", nargs="+", choices=IMPLEMENTATIONS, default=list(IMPLEMENTATIONS))
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-record", action="store_true",
+                   help="do not append the rows to benchmarks/results/speed.jsonl")
     p.add_argument("--append", metavar="FILE", help="append a markdown section to FILE")
     p.add_argument("--note", default="", help="a line for the markdown section")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -594,6 +597,11 @@ def main(argv=None) -> int:
               file=sys.stderr, flush=True)
     table = _table(rows, names)
     print("\n".join(table))
+    if not args.no_record:
+        for cfg, row in zip(configs, rows, strict=True):
+            results.record("speed", {**asdict(cfg), "threads": args.threads},
+                           {"ms_per_step": row["ms"], **({"peak_mib": row["mib"]}
+                                                         if "mib" in row else {})})
     if args.append:
         cmd = "python benchmarks/speed.py " + shlex.join(sys.argv[1:] if argv is None else argv)
         mem = ("peak MiB: the step's transient memory (RSS high-water mark over the step minus "

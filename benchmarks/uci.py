@@ -1,7 +1,7 @@
-"""The UCI regression benchmark (REFERENCE.md §6) as a resumable command-line harness.
+"""The UCI regression benchmark (Salimbeni and Deisenroth 2017) as a resumable command-line harness.
 
 Protocol by default (Salimbeni & Deisenroth 2017, "Doubly Stochastic Variational Inference
-for Deep Gaussian Processes", the "seed 002" document of REFERENCE.md): every standard split
+for Deep Gaussian Processes", Salimbeni and Deisenroth 2017): every standard split
 (20; protein 5), inputs and targets standardised on the training part, Adam with learning
 rate 0.01 for 20,000 iterations, minibatches of 10,000 points or the full training set,
 one training sample, M = 100 inducing points, S = 100 samples at test, and scores in the
@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 import pyro
+import results
 import torch
 from machine import cpu_model
 from tqdm.auto import tqdm
@@ -61,7 +62,7 @@ PUBLISHED_SOURCE = (
     "Salimbeni & Deisenroth (2017), Doubly Stochastic Variational Inference for Deep Gaussian "
     "Processes, NeurIPS, UCI regression tables (20 splits; Adam 0.01, 20,000 "
     "iterations, minibatch 10,000, M = 100; 'SGP 500': M = 500); as digested in "
-    "REFERENCE.md §6. Mean (standard error), original units."
+    "Salimbeni and Deisenroth 2017. Mean (standard error), original units."
 )
 """Where :data:`PUBLISHED_LOGLIK` and :data:`PUBLISHED_RMSE` come from."""
 
@@ -125,7 +126,7 @@ SHORT_NAMES: dict[str, str] = {
 
 PROTOCOL = {"steps": 20000, "batch_size": 10000, "lr": 0.01, "particles": 1, "samples": 100,
             "inducing": 100}
-"""The defaults of REFERENCE.md §6 (all splits as well)."""
+"""The defaults of Salimbeni and Deisenroth 2017 (all splits as well)."""
 
 _KEY_FIELDS = ("dataset", "layers", "guide", "objective", "split")
 _SETTING_FIELDS = ("steps", "batch_size", "lr", "inducing", "hidden_dim", "particles",
@@ -143,10 +144,10 @@ def model_label(layers: int, inducing: int) -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The harness's argument parser."""
     p = argparse.ArgumentParser(
-        prog="pyro-dgp bench uci",
-        description="UCI regression benchmark of deep GPs (REFERENCE.md §6 protocol by "
-        "default). Resumable: finished runs in --out are skipped, killed runs resume from "
-        "their checkpoint.",
+        prog="python benchmarks/uci.py",
+        description="UCI regression benchmark of deep GPs (the protocol of Salimbeni and "
+        "Deisenroth 2017 by default). Resumable: finished runs in --out are skipped, killed "
+        "runs resume from their checkpoint.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--datasets", nargs="+", default=list(SHORT_NAMES.values()),
@@ -187,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="steps between checkpoints")
     p.add_argument("--summary", action="store_true",
                    help="print a markdown table of this selection beside the published numbers")
+    p.add_argument("--no-record", action="store_true",
+                   help="do not append the summary to benchmarks/results/uci.jsonl")
     p.add_argument("--append", default=None, metavar="FILE",
                    help="append the summary, command, machine and settings to FILE "
                    "(e.g. BENCHMARKS.md)")
@@ -397,9 +400,9 @@ def mean_se(values: list[float]) -> tuple[float, float | None]:
     return mean, math.sqrt(var / n)
 
 
-def summarize(records: list[dict]) -> str:
-    """Markdown table: per dataset and model (and guide, objective, settings), mean (standard
-    error over splits) of the test log-likelihood and RMSE beside the published numbers."""
+def group_by_configuration(records: list[dict]) -> dict[tuple, list[dict]]:
+    """``{(dataset, layers, model, guide, objective, steps, batch, M, S): records}``, one
+    record per split (the last of a split: a rerun of it, or a second process on a file)."""
     groups: dict[tuple, list[dict]] = {}
     for rec in records:
         s = rec["settings"]
@@ -409,6 +412,31 @@ def summarize(records: list[dict]) -> str:
     for key, recs in groups.items():  # one record per split: the last (a rerun of it, or a
         by_split = {r["split"]: r for r in recs}  # second process on the same file)
         groups[key] = list(by_split.values())
+    return groups
+
+
+def record_summary(records: list[dict]) -> None:
+    """One result line per configuration (``benchmarks/results/uci.jsonl``): mean and
+    standard error over the splits run."""
+    for key, recs in group_by_configuration(records).items():
+        ok = [r for r in recs if r.get("status", "ok") == "ok"]
+        if not ok:
+            continue
+        ds, layers, label, guide, objective, steps, B, M, S = key
+        figures = {"splits": len(ok), "num_splits": ok[0]["data"]["num_splits"]}
+        for name in ("test_loglik", "rmse", "crps"):
+            figures[name], figures[f"{name}_se"] = mean_se([r["metrics"][name] for r in ok])
+        figures["coverage95"] = sum(r["metrics"]["coverage95"] for r in ok) / len(ok)
+        figures["s_per_step"] = sum(r["seconds_per_step"] for r in ok) / len(ok)
+        results.record("uci", {"dataset": ds, "model": label, "guide": guide,
+                               "objective": objective, "steps": steps, "batch": B,
+                               "inducing": M, "samples": S}, figures)
+
+
+def summarize(records: list[dict]) -> str:
+    """Markdown table: per dataset and model (and guide, objective, settings), mean (standard
+    error over splits) of the test log-likelihood and RMSE beside the published numbers."""
+    groups = group_by_configuration(records)
     order = list(SHORT_NAMES.values())
     lines = [
         "| dataset | model | guide | splits | iters | batch | M | S | test log-lik | "
@@ -473,7 +501,7 @@ def _append_report(path: Path, command: str, table: str, args, splits_run, n_ava
             f"min({args.batch_size}, N), M = {args.inducing}, {args.particles} training "
             f"sample(s), S = {args.samples} test samples, seed {args.seed} + split\n"
             f"- Splits: {splits_txt}\n"
-            f"- Deviations from the protocol of REFERENCE.md §6: "
+            f"- Deviations from the protocol of Salimbeni and Deisenroth 2017: "
             f"{_protocol_deviations(args, splits_run, n_avail)}\n"
             f"- Wall time of this invocation: {wall / 60:.1f} min (finished runs found in "
             f"the results file are not re-run)\n"
@@ -576,11 +604,15 @@ def main(argv: list[str] | None = None) -> int:
                        f"RMSE {m['rmse']:.4g}, {rec['seconds']:.0f} s ({rec['status']})",
                        file=sys.stderr)
         bar.close()
-    if args.summary or args.append or args.summary_only:
+    record = not (args.no_record or args.summary_only)
+    if args.summary or args.append or args.summary_only or record:
         records = [r for r in _read_records(out)
                    if _run_key(r) in selected and r.get("status") != "failed"]
         table = summarize(records)
-        print(table)
+        if args.summary or args.append or args.summary_only:
+            print(table)
+        if record:
+            record_summary(records)
         if args.append:
             _append_report(Path(args.append), command, table, args, splits_run, n_avail,
                            time.perf_counter() - t_start, args.note)

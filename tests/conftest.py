@@ -1,4 +1,6 @@
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pyro
@@ -7,6 +9,8 @@ import torch
 
 # The benchmark scripts (not part of the package) are imported by their tests from there.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+# ... and their results go to a temporary folder, never into the repository's
+os.environ["PYRO_DGP_RESULTS_DIR"] = tempfile.mkdtemp(prefix="pyro_dgp_results_")
 
 # The test problems are small: one thread avoids OpenMP spin-waiting on a 2-core CI machine
 # (measured here: 8 ms per 20x20 tril with 2 threads under load, 1.5 us with one).

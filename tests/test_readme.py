@@ -34,3 +34,21 @@ def test_quickstart_runs(guide, tmp_path, monkeypatch, capsys):
                                                  else "Completed")
     assert namespace["pred"].log_prob(namespace["data"].y_test).shape == (
         len(namespace["data"].y_test),)
+
+
+DOCS = [README, *sorted((README.parent / "docs").glob("*.md")), README.parent / "BENCHMARKS.md"]
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_links_stay_in_the_repository_and_resolve(path):
+    text = path.read_text()
+    assert "http://" not in text and "https://" not in text, f"{path.name}: external link"
+    root = README.parent.resolve()
+    for target in re.findall(r"\]\(([^)#\s]+)", text):
+        resolved = (path.parent / target).resolve()
+        assert resolved.is_relative_to(root), f"{path.name}: {target} leaves the repository"
+        assert resolved.exists(), f"{path.name}: {target} does not exist"
+
+
+def test_readme_is_short():
+    assert len(README.read_text().splitlines()) <= 100
