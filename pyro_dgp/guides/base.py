@@ -35,6 +35,7 @@ from ..gp.kl import layer_gaussian_kl
 from ..gp.sites import FunctionSite, InducingSite, layer_site
 from ..state import swapped
 from ..validation import unique_name
+from . import estimators
 from .gaussian import LayerGaussian, check_size, gaussian_parameters
 from .prototype import LayerSite, example_args, is_vectorising, prototype_sites
 
@@ -282,13 +283,13 @@ class LayerGuide(PyroModule):
         Default, the sampled-u estimator: the model's own conditional ``p(f | u, f_prev)``,
         exact for any ``q(u)`` since ``u`` was drawn from ``q``.
         """
-        return site.layer.conditional(x, u)
+        return estimators.sampled(site, x, u)
 
     def f_given_u(self, site: LayerSite, x: torch.Tensor, u: torch.Tensor, run: GuideRun):
         """``(loc, var)`` of ``f`` at a layer whose ``u`` is also the next layer's inducing
         inputs, so ``f`` must be drawn given a ``u`` drawn from ``q`` (a collapsed ``f`` would
         lose its link to that input). Default: given the site's own draw ``u``."""
-        return site.layer.conditional(x, u)
+        return estimators.sampled(site, x, u)
 
     def forward(self, *args, **kwargs):
         if not self._set_up:

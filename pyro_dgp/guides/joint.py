@@ -44,6 +44,7 @@ from pyro.distributions import constraints
 from ..gp.distributions import drop_data_dim
 from ..gp.kl import gaussian_kl_to_layer_prior
 from ..validation import check_positive_finite
+from . import estimators
 from .base import GuideRun, LayerGuide
 from .gaussian import LayerGaussian, initial_scale_tril, log_density_of_noise
 from .params import block_preconditioner
@@ -343,21 +344,19 @@ class JointGaussian(LayerGuide):
         per_point = self.draws_per_point(points.numel())
         if per_point:
             v, last_loc, _ = run.point_draws.get(points)
-            x = x.unsqueeze(-2)  # (..., N, 1, D_in)
         elif run.draw.latest is None:
             # u was replayed, not drawn in this run (e.g. the global draws on a grid): u is a
             # draw of q, so the model's conditional given it is the sampled-u estimator
-            return site.layer.conditional(x, u)
+            return estimators.sampled(site, x, u)
         else:
             v, last_loc, _ = run.draw.latest  # the draw behind u (data plate's singleton)
         if site.is_last:
             loc = last_loc.reshape(last_loc.shape[:-1] + (D, M))
-            if not per_point:
-                loc = drop_data_dim(loc)
-            out = site.layer.conditional(x, loc, self.last_scale().reshape(D, M, -1))
-        elif per_point:
+            scale = self.last_scale().reshape(D, M, -1)
+            if per_point:
+                return estimators.per_point(site, x, loc, scale)
+            return estimators.collapsed(site, x, drop_data_dim(loc), scale)
+        if per_point:
             lo = self._offsets()[site.index]
-            out = site.layer.conditional(x, v[..., lo : lo + D * M].unflatten(-1, (D, M)))
-        else:
-            return site.layer.conditional(x, u)
-        return tuple(t.squeeze(-2) for t in out) if per_point else out
+            return estimators.per_point(site, x, v[..., lo : lo + D * M].unflatten(-1, (D, M)))
+        return estimators.sampled(site, x, u)

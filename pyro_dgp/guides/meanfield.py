@@ -11,6 +11,7 @@ from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
 
 from ..validation import check_positive_finite
+from . import estimators
 from .base import GuideRun, LayerGuide
 from .gaussian import LayerGaussian, initial_scale_tril, mvn_site
 from .params import copy_into, deep_getattr
@@ -204,11 +205,11 @@ class MeanField(LayerGuide):
         if self.collapsed:
             loc, scale_tril = self._q_for_run(site, run)
             return self._conditional_per_point_inputs(site, x, run, loc, scale_tril)
-        return site.layer.conditional(x, u)
+        return estimators.sampled(site, x, u)
 
     def f_given_u(self, site, x, u, run):
         if not self.per_point or self._shared_only:
-            return site.layer.conditional(x, u)
+            return estimators.sampled(site, x, u)
         loc, scale_tril = self._q_for_run(site, run)
         eps = torch.randn(u.shape[:-2] + x.shape[-2:-1] + loc.shape, dtype=loc.dtype,
                           device=loc.device)
@@ -218,11 +219,10 @@ class MeanField(LayerGuide):
         return out
 
     def _conditional_per_point_inputs(self, site, x, run, loc, scale_tril=None):
-        """The layer's conditional where the layer below drew its ``u`` (this layer's
-        inducing inputs) per point: each point is its own batch entry; else the plain one."""
+        """``collapsed`` (or ``sampled`` at a draw ``loc``), or ``per_point`` where the layer
+        below drew this layer's inducing inputs per point (or ``loc`` is per point)."""
         below = run.point_u.get(site.index - 1)
         if below is None and loc.dim() == 2:
-            return site.layer.conditional(x, loc, scale_tril)
-        with site.layer.given_inducing_inputs(None if below is None else below.mT):
-            loc, var = site.layer.conditional(x.unsqueeze(-2), loc, scale_tril)
-        return loc.squeeze(-2), var.squeeze(-2)
+            return estimators.collapsed(site, x, loc, scale_tril)
+        return estimators.per_point(site, x, loc, scale_tril,
+                                    None if below is None else below.mT)
