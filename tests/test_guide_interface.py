@@ -176,3 +176,19 @@ def test_a_guide_of_another_model_is_refused_naming_both(entry):
     }
     with pytest.raises(ValueError, match=f"{entry}: .*'theirs'.*'ours'"):
         calls[entry]()
+
+
+def test_importance_weighted_objectives_refuse_guides_without_per_draw_weights():
+    """``dgp.importance.RenyiELBO`` used directly checks the guide as ``fit`` does: collapsed
+    and closed-form-KL guides give no importance weights (their Renyi values can exceed
+    ``log p(y)``)."""
+    model, X, y = _single_layer(M=4)
+    renyi = dgp.importance.RenyiELBO(alpha=0.5, num_particles=2)
+    for name in ("meanfield", "coupled", "chain"):
+        guide = make_guide(name, model)
+        with pytest.raises(ValueError, match=f"importance weight, which {type(guide).__name__}"):
+            renyi.loss(model, guide, X, y)
+        with pytest.raises(ValueError, match="importance weight"):
+            renyi.loss_and_grads(model, guide, X, y)
+    for name in ("meanfield-sampled", "autonormal"):
+        assert math.isfinite(renyi.loss(model, make_guide(name, model), X, y))

@@ -24,7 +24,25 @@ import pyro.infer
 
 from ..likelihoods.marginal import importance_weighting, importance_weights
 
-__all__ = ["RenyiELBO", "importance_weights", "importance_weighting"]
+__all__ = ["RenyiELBO", "check_importance_weights", "importance_weights", "importance_weighting"]
+
+
+def check_importance_weights(guide) -> None:
+    """Refuse a guide whose runs are not importance weights (``per_draw_weights`` false: a
+    collapsed ``f``, or ``u`` scored by a closed-form KL): a Renyi or importance-weighted
+    bound computed from its runs would not bound ``log p(y)``. Every objective of the package
+    that needs per-draw weights calls this; a guide without the attribute (any other Pyro
+    guide) is taken as it is.
+
+    :raises ValueError: naming the guide and the guides to use instead."""
+    if not getattr(guide, "per_draw_weights", True):
+        raise ValueError(
+            f"RenyiELBO needs each draw's importance weight, which {type(guide).__name__} does "
+            "not give (it draws f from a collapsed marginal, not given the sampled u, or scores "
+            "u by a closed-form KL): the result would not be a bound on log p(y). Use "
+            "MeanField(model, collapsed=False) (guide 'meanfield-sampled') or a completed "
+            "autoguide (guides.complete; 'autonormal', 'automvn', ...), or the ELBO"
+        )
 
 
 class RenyiELBO(pyro.infer.RenyiELBO):
@@ -36,9 +54,11 @@ class RenyiELBO(pyro.infer.RenyiELBO):
     ``log p(y)`` whatever the number of draws."""
 
     def loss(self, model, guide, *args, **kwargs):
+        check_importance_weights(guide)
         with importance_weights():
             return super().loss(model, guide, *args, **kwargs)
 
     def loss_and_grads(self, model, guide, *args, **kwargs):
+        check_importance_weights(guide)
         with importance_weights():
             return super().loss_and_grads(model, guide, *args, **kwargs)

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 import torch
 from pyro.infer import ELBO, RenyiELBO, Trace_ELBO, TraceMeanField_ELBO
 
-from ..guides.base import LayerGuide
 from ..rng import seeded
 from ..validation import check_inputs, check_positive_int, check_targets
 from .elbo import AnalyticKL_ELBO
 from .importance import RenyiELBO as ImportanceRenyiELBO
+from .importance import check_importance_weights
 
 __all__ = ["ELBOEstimate", "evaluate_elbo", "make_objective"]
 
@@ -40,7 +40,7 @@ def make_objective(objective, guide, num_particles: int = 1) -> ELBO:
         if isinstance(objective, TraceMeanField_ELBO):
             _warn_mean_field(guide)
         if isinstance(objective, RenyiELBO):
-            _check_per_draw_weights(guide)
+            check_importance_weights(guide)
             if not isinstance(objective, ImportanceRenyiELBO):
                 # the same settings, evaluated with exact per-draw weights (infer/importance.py)
                 objective = ImportanceRenyiELBO(
@@ -58,19 +58,8 @@ def make_objective(objective, guide, num_particles: int = 1) -> ELBO:
     if objective == "meanfield":
         _warn_mean_field(guide)
     if objective == "renyi":
-        _check_per_draw_weights(guide)
+        check_importance_weights(guide)
     return _OBJECTIVES[objective](num_particles, num_particles > 1)
-
-
-def _check_per_draw_weights(guide) -> None:
-    if isinstance(guide, LayerGuide) and not guide.per_draw_weights:
-        raise ValueError(
-            f"RenyiELBO needs each draw's importance weight, which {type(guide).__name__} does "
-            "not give (it draws f from a collapsed marginal, not given the sampled u, or scores "
-            "u by a closed-form KL): the result would not be a bound on log p(y). Use "
-            "MeanField(model, collapsed=False) (guide 'meanfield-sampled') or a completed "
-            "autoguide (guides.complete; 'autonormal', 'automvn', ...), or the ELBO"
-        )
 
 
 def _warn_mean_field(guide) -> None:
