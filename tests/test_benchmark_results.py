@@ -1,39 +1,122 @@
-"""Benchmark results as JSON lines, and BENCHMARKS.md generated from them."""
+"""Benchmark results as JSON lines (benchmarks/results.py), and BENCHMARKS.md generated from
+them (benchmarks/report.py)."""
 
 import json
+import re
+import sys
 from pathlib import Path
 
-import report
-import results
-
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripts are not an installed package
+
+import report  # noqa: E402
+import results  # noqa: E402
+
+FIELDS = {"benchmark", "command", "machine", "date", "session", "commit", "dirty", "settings",
+          "figures"}
 
 
-def test_record_appends_one_line_with_its_provenance(tmp_path, monkeypatch):
-    monkeypatch.setenv("PYRO_DGP_RESULTS_DIR", str(tmp_path))
-    results.record("toy", {"n": 1}, {"ms": 2.5}, command="python benchmarks/toy.py --n 1")
-    results.record("toy", {"n": 2}, {"ms": 3.5}, command="python benchmarks/toy.py --n 2")
+def test_record_appends_one_line_per_call_and_reads_back(tmp_path):
+    first = results.record("toy", {"n": 1}, {"ms": 2.5}, command="python benchmarks/toy.py --n 1",
+                           results_dir=tmp_path)
+    results.record("toy", {"n": 2}, {"ms": {"ours": 3.5}}, command=["python", "toy.py", "a b"],
+                   results_dir=tmp_path)
     lines = (tmp_path / "toy.jsonl").read_text().splitlines()
     assert len(lines) == 2
-    rec = json.loads(lines[0])
-    assert {"benchmark", "date", "command", "machine", "commit", "settings", "figures"} <= set(rec)
-    assert rec["figures"] == {"ms": 2.5} and rec["machine"]["cores"]
-    assert [r["settings"]["n"] for r in results.read("toy", tmp_path)] == [1, 2]
+    assert json.loads(lines[0]) == first
+    assert FIELDS <= set(first)
+    assert first["benchmark"] == "toy" and first["session"] is None
+    assert first["machine"]["cores"] and first["machine"]["host"] is not None
+    assert {"arch", "cpu", "python"} <= set(first["machine"])
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", first["date"])
+    assert first["dirty"] in (True, False, None)
+    back = results.read("toy", tmp_path)
+    assert [r["settings"]["n"] for r in back] == [1, 2]
+    assert back[1]["figures"] == {"ms": {"ours": 3.5}}
+    assert back[1]["command"] == "python toy.py 'a b'"
+    assert results.read("absent", tmp_path) == []
 
 
-def test_report_shows_the_latest_record_of_each_configuration(tmp_path, monkeypatch):
+def test_record_defaults_to_this_command_line_and_the_environment_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("PYRO_DGP_RESULTS_DIR", str(tmp_path))
-    results.record("toy", {"n": 1}, {"ms": 9.0}, command="first")
-    results.record("toy", {"n": 1}, {"ms": 2.0}, command="second")
+    monkeypatch.setattr(sys, "argv", ["benchmarks/toy.py", "--steps", "3"])
+    rec = results.record("toy", {"n": 1}, {"ms": 1.0})
+    assert rec["command"].startswith("python ") and rec["command"].endswith("toy.py --steps 3")
+    assert results.read("toy") == [rec]
+
+
+def _write(directory: Path, name: str, records: list[dict]) -> None:
+    with open(directory / f"{name}.jsonl", "a") as fh:
+        for rec in records:
+            fh.write(json.dumps({"benchmark": name, "machine": None, "commit": None, **rec}) + "\n")
+
+
+def test_report_shows_the_latest_record_of_each_configuration(tmp_path):
+    results.record("toy", {"n": 1}, {"ms": 9.0}, command="first", results_dir=tmp_path)
+    results.record("toy", {"n": 1}, {"ms": 2.0}, command="second", results_dir=tmp_path)
+    results.record("toy", {"n": 2}, {"ms": 7.0}, command="third", results_dir=tmp_path)
     out = tmp_path / "BENCHMARKS.md"
-    assert report.main(["--output", str(out)]) == 0
+    args = ["--output", str(out), "--results-dir", str(tmp_path)]
+    assert report.main(args) == 0
     text = out.read_text()
-    assert "| 1 | 2 |" in text and "| 1 | 9 |" not in text and "`second`" in text
-    assert report.main(["--output", str(out), "--check"]) == 0
-    results.record("toy", {"n": 3}, {"ms": 1.0}, command="third")
-    assert report.main(["--output", str(out), "--check"]) == 1
+    assert "| 1 | 2.0 |" in text and "| 2 | 7.0 |" in text and "| 9.0 |" not in text
+    assert "`second`" in text and "`first`" not in text
+    assert "history.md" in text and "report.py" in text
 
 
-def test_benchmarks_md_is_generated_from_the_recorded_results(monkeypatch):
-    monkeypatch.setenv("PYRO_DGP_RESULTS_DIR", str(ROOT / "benchmarks" / "results"))
-    assert report.main(["--check"]) == 0, "run python benchmarks/report.py"
+def test_latest_is_by_date_then_session_then_file_order(tmp_path):
+    _write(tmp_path, "toy", [
+        {"date": "2026-01-02", "session": 1, "settings": {"n": 1}, "figures": {"ms": 1.5},
+         "command": "a"},
+        {"date": "2026-01-01", "session": 9, "settings": {"n": 1}, "figures": {"ms": 2.5},
+         "command": "b"},
+        {"date": "2026-01-01", "session": 3, "settings": {"n": 2}, "figures": {"ms": 3.5},
+         "command": "c"},
+        {"date": "2026-01-01", "session": 2, "settings": {"n": 2}, "figures": {"ms": 4.5},
+         "command": "d"},
+    ])
+    latest = report.latest_per_configuration(results.read("toy", tmp_path))
+    assert sorted(r["command"] for r in latest) == ["a", "c"]
+
+
+def test_check_detects_a_stale_file(tmp_path):
+    results.record("toy", {"n": 1}, {"ms": 2.0}, command="first", results_dir=tmp_path)
+    out = tmp_path / "BENCHMARKS.md"
+    args = ["--output", str(out), "--results-dir", str(tmp_path)]
+    assert report.main([*args, "--check"]) == 1  # not written yet
+    assert report.main(args) == 0
+    assert report.main([*args, "--check"]) == 0
+    results.record("toy", {"n": 1}, {"ms": 1.0}, command="second", results_dir=tmp_path)
+    assert report.main([*args, "--check"]) == 1
+    assert report.main(args) == 0
+    out.write_text(out.read_text() + "edited by hand\n")
+    assert report.main([*args, "--check"]) == 1
+
+
+def test_published_figures_stand_in_their_own_column(tmp_path):
+    settings = {"dataset": "boston", "model": "DGP 2", "guide": "meanfield", "steps": 10}
+    results.record("uci", settings, {"splits": 1, "test_loglik": -2.2}, command="x",
+                   results_dir=tmp_path)
+    text = report.render(tmp_path)
+    header = next(line for line in text.splitlines() if line.startswith("| "))
+    assert f"published log-lik / RMSE ({report.SALIMBENI})" in header
+    assert "| -2.47 (0.05) / 2.90 (0.17) |" in text
+
+
+def test_records_copied_from_the_log_point_at_their_figures():
+    lines = (RESULTS / "history.md").read_text().splitlines()
+    copied = [r for path in sorted(RESULTS.glob("*.jsonl"))
+              for r in results.read(path.stem, RESULTS) if r.get("source") == "history.md"]
+    assert copied
+    for rec in copied:
+        assert FIELDS <= set(rec)
+        line = lines[rec["source_line"] - 1]
+        numbers = {float(t) for t in re.findall(r"-?\d+(?:\.\d+)?(?:e-?\d+)?", line)}
+        values = [v for v in report.flatten(rec["figures"]).values() if isinstance(v, float)]
+        assert any(v in numbers for v in values), (rec["source_line"], rec["settings"])
+
+
+def test_benchmarks_md_is_generated_from_the_recorded_results():
+    assert report.main(["--check", "--results-dir", str(RESULTS)]) == 0, (
+        "BENCHMARKS.md is stale: run python benchmarks/report.py")

@@ -144,6 +144,7 @@ def test_layer_kl_of_a_set_q_is_the_gaussian_kl_to_the_prior():
         prior = MultivariateNormal(torch.zeros(6, dtype=DT), torch.eye(6, dtype=DT))
         want = float(torch.distributions.kl_divergence(q, prior))
         assert float(guide.layer_kl(guide.site("layer1"))) == pytest.approx(want, rel=1e-9)
+        assert float(guide.layer_kl("layer1")) == pytest.approx(want, rel=1e-9)
 
 
 def test_fit_reports_the_elbo_at_the_final_parameters():

@@ -1,4 +1,5 @@
-"""The README's quickstart runs as written (fewer steps), with either of its guides."""
+"""The README's quickstart runs as written (fewer steps), with either of its guides; its two
+command lines are unchanged; README.md and docs/ link only inside the repository."""
 
 import re
 from pathlib import Path
@@ -36,18 +37,67 @@ def test_quickstart_runs(guide, tmp_path, monkeypatch, capsys):
         len(namespace["data"].y_test),)
 
 
-DOCS = [README, *sorted((README.parent / "docs").glob("*.md")), README.parent / "BENCHMARKS.md"]
+ROOT = README.parent
+# the two command lines of "## Two commands", byte for byte (CI runs the second)
+DEMO_COMMAND = (
+    "python3 -m venv .venv && . .venv/bin/activate && pip install -c .ci/constraints.txt "
+    "torch==2.13.0 && pip install -c .ci/constraints.txt -e . && pyro-dgp demo"
+)
+TEST_COMMAND = (
+    "python3 -m venv .venv && . .venv/bin/activate && pip install -c .ci/constraints.txt "
+    "torch==2.13.0 && pip install -c .ci/constraints.txt -e \".[dev,bench]\" && "
+    "PYRO_DGP_DATA=../shared/data python -m pytest -q"
+)
 
 
-@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
-def test_links_stay_in_the_repository_and_resolve(path):
+def test_the_two_command_lines_are_unchanged():
+    lines = README.read_text().splitlines()
+    assert DEMO_COMMAND in lines, "README.md: the setup+demo command line changed"
+    assert TEST_COMMAND in lines, "README.md: the setup+tests command line changed"
+
+
+def _links(text: str) -> list[str]:
+    """Targets of inline links and images, without their #anchors (anchor-only links skipped)."""
+    return re.findall(r"\]\(\s*<?([^)#\s>]+)", text)
+
+
+OWN_DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("path", OWN_DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_docs_links_stay_in_the_repository_and_resolve(path):
+    """README.md and docs/*.md: no web address anywhere, no link climbing a folder, and every
+    relative link target exists."""
     text = path.read_text()
-    assert "http://" not in text and "https://" not in text, f"{path.name}: external link"
-    root = README.parent.resolve()
-    for target in re.findall(r"\]\(([^)#\s]+)", text):
+    assert "http" not in text.lower(), f"{path.name}: a web address"
+    root = ROOT.resolve()
+    for target in _links(text):
+        assert ".." not in Path(target).parts, f"{path.name}: {target} climbs a folder"
         resolved = (path.parent / target).resolve()
         assert resolved.is_relative_to(root), f"{path.name}: {target} leaves the repository"
         assert resolved.exists(), f"{path.name}: {target} does not exist"
+
+
+def test_readme_links_into_docs_and_benchmarks():
+    targets = set(_links(README.read_text()))
+    for needed in ("docs/design.md", "docs/maths.md", "docs/likelihoods.md", "BENCHMARKS.md"):
+        assert needed in targets, f"README.md: no link to {needed}"
+
+
+def test_benchmarks_links_stay_in_the_repository_and_resolve():
+    path = ROOT / "BENCHMARKS.md"
+    text = path.read_text()
+    assert "http://" not in text and "https://" not in text, "BENCHMARKS.md: external link"
+    for target in _links(text):
+        resolved = (path.parent / target).resolve()
+        assert resolved.is_relative_to(ROOT.resolve()), f"BENCHMARKS.md: {target} leaves"
+        assert resolved.exists(), f"BENCHMARKS.md: {target} does not exist"
+
+
+def test_one_current_figure_referenced_from_the_design():
+    versions = sorted(p.name for p in (ROOT / "docs").glob("compositional_layer_paths*.png"))
+    assert versions == ["compositional_layer_paths.png"], versions
+    assert "compositional_layer_paths.png" in _links((ROOT / "docs" / "design.md").read_text())
 
 
 def test_readme_is_short():

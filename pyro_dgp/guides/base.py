@@ -204,12 +204,14 @@ class LayerGuide(PyroModule):
         ``NotImplementedError``."""
         raise NotImplementedError(f"{type(self).__name__}: q(u) is not Gaussian")
 
-    def layer_kl(self, site: LayerSite, random_inducing: bool = False) -> torch.Tensor:
-        """``KL(q(u^l) || p(u^l))`` of ``site`` in closed form (no gradient). With
+    def layer_kl(self, site: LayerSite | str, random_inducing: bool = False) -> torch.Tensor:
+        """``KL(q(u^l) || p(u^l))`` of ``site`` (a layer's name or its record) in closed form
+        (no gradient). With
         ``random_inducing`` the layer's prior is batched over draws of its inducing inputs
         (inside ``layer.given_inducing_inputs``) and the KL is averaged over them.
 
         :raises NotImplementedError: where ``q(u^l)`` is not Gaussian."""
+        site = self.site(site) if isinstance(site, str) else site
         g = self.layer_gaussian(site)
         return layer_gaussian_kl(g.loc, site.layer, rows=g.rows, tril=g.row_trils,
                                  random_Z=random_inducing)

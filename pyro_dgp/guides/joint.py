@@ -288,7 +288,8 @@ class JointGaussian(LayerGuide):
         rows = Rb if d is None else torch.cat([Rb, torch.diag(d.sqrt())], -1)
         return LayerGaussian(mean, rows=rows)
 
-    def layer_kl(self, site: LayerSite, random_inducing: bool = False) -> torch.Tensor:
+    def layer_kl(self, site: LayerSite | str, random_inducing: bool = False) -> torch.Tensor:
+        site = self.site(site) if isinstance(site, str) else site
         with torch.no_grad():
             return gaussian_kl_to_layer_prior([site.layer], *self.marginal_factor(site))
 
