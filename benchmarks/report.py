@@ -15,12 +15,13 @@ from pathlib import Path
 from results import default_dir, read
 
 ROOT = Path(__file__).resolve().parents[1]
-ORDER = ("uci", "compositional", "compositional_elbo_terms", "speed", "exact_gp")
+ORDER = ("uci", "compositional", "compositional_elbo_terms", "speed", "threads", "exact_gp")
 TITLES = {
     "uci": "UCI regression",
     "compositional": "Compositional uncertainty (Table 1 of Ustyuzhaninov et al. 2020)",
     "compositional_elbo_terms": "Compositional uncertainty: the ELBO's terms",
     "speed": "Step time against GPyTorch and the plain floor",
+    "threads": "Step time by torch thread count, on a quiet and on a busy machine",
     "exact_gp": "Exact-GP control",
 }
 #: figures that also identify a configuration: a run on fewer splits is another configuration

@@ -74,7 +74,7 @@ from pyro_dgp.infer.training import make_objective, make_optimizer
 
 __all__ = ["Config", "PlainDSVI", "build_parser", "main", "make_implementations"]
 
-IMPLEMENTATIONS = ("ours", "gpytorch", "plain")
+IMPLEMENTATIONS = ("ours", "svi", "gpytorch", "plain")
 
 
 @dataclass(frozen=True)
@@ -157,6 +157,31 @@ class Ours(_AdamStep):
             loss = super().step(X, y)
         self.validated = True
         return loss
+
+
+class PyroSVI:
+    """The same model and guide trained the plain-Pyro way: ``pyro.infer.SVI`` with
+    ``TraceMeanField_ELBO`` and ``pyro.optim.Adam``, Pyro's validation as Pyro leaves it."""
+
+    name = "svi"
+
+    def __init__(self, cfg: Config, X, y, lr: float = 0.01):
+        import pyro
+        from pyro.infer import SVI, TraceMeanField_ELBO
+
+        import pyro_dgp as dgp
+
+        pyro.set_rng_seed(cfg.seed)  # the same initial values as ours
+        self.model = dgp.DeepGP.regression(
+            X, y, num_layers=cfg.num_layers, hidden_dim=cfg.hidden_dim,
+            num_inducing=cfg.num_inducing, seed=cfg.seed,
+        )
+        self.guide = dgp.guides.MeanField(self.model)
+        self.svi = SVI(self.model, self.guide, pyro.optim.Adam({"lr": lr}),
+                       TraceMeanField_ELBO())
+
+    def step(self, X, y) -> float:
+        return float(self.svi.step(X, y))
 
 
 # ------------------------------------------------------------------------------ gpytorch
@@ -414,6 +439,8 @@ def make_implementations(cfg: Config, names=IMPLEMENTATIONS):
     for name in names:
         if name == "ours":
             impls[name] = ours
+        elif name == "svi":
+            impls[name] = PyroSVI(cfg, X, y)
         elif name == "gpytorch":
             impls[name] = GPyTorch(cfg, X, y, ours)
         elif name == "plain":
@@ -558,6 +585,8 @@ def _table(rows: list[dict], names) -> list[str]:
         head.append("ours/gpytorch")
     if "ours" in names and "plain" in names:
         head.append("ours/plain")
+    if "svi" in names and "plain" in names:
+        head.append("svi/plain")
     head += [f"{n} MiB" for n in names]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -567,6 +596,8 @@ def _table(rows: list[dict], names) -> list[str]:
             cells.append(_fmt(t["ours"] / t["gpytorch"], ".2f"))
         if "ours" in names and "plain" in names:
             cells.append(_fmt(t["ours"] / t["plain"], ".2f"))
+        if "svi" in names and "plain" in names:
+            cells.append(_fmt(t["svi"] / t["plain"], ".2f"))
         cells += [_fmt(mem.get(n), ".0f") for n in names]
         lines.append("| " + " | ".join(cells) + " |")
     return lines

@@ -36,12 +36,15 @@ from pathlib import Path
 import pyro
 import results
 import torch
+from inits import INITS, MODEL_KEYS, resolve
 from machine import cpu_model
 from tqdm.auto import tqdm
 
 from pyro_dgp import datasets
 from pyro_dgp.gp.deep_gp import DeepGP
+from pyro_dgp.guides import MeanField
 from pyro_dgp.guides.registry import GUIDES, make_guide
+from pyro_dgp.infer.checkpoint import safe_load
 from pyro_dgp.infer.training import TrainingDivergedError, fit
 from pyro_dgp.prediction import predict
 from pyro_dgp.prediction.metrics import coverage, crps, nll, rmse
@@ -130,7 +133,7 @@ PROTOCOL = {"steps": 20000, "batch_size": 10000, "lr": 0.01, "particles": 1, "sa
 
 _KEY_FIELDS = ("dataset", "layers", "guide", "objective", "split")
 _SETTING_FIELDS = ("steps", "batch_size", "lr", "inducing", "hidden_dim", "particles",
-                   "samples", "seed")
+                   "samples", "seed", "init")
 
 
 def model_label(layers: int, inducing: int) -> str:
@@ -174,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="inner-layer width (default min(30, D))")
     p.add_argument("--samples", type=int, default=PROTOCOL["samples"],
                    help="S, predictive samples at test")
+    p.add_argument("--init", default="dsvi", choices=sorted(INITS),
+                   help="initialisation (benchmarks/inits.py); dsvi: Salimbeni and Deisenroth "
+                   "2017")
     p.add_argument("--seed", type=int, default=0,
                    help="base seed; split k uses seed + k (initialisation, SVI, prediction)")
     p.add_argument("--threads", type=int, default=None,
@@ -239,7 +245,8 @@ def _short(name: str) -> str:
 def _settings(args) -> dict:
     return {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
             "inducing": args.inducing, "hidden_dim": args.hidden_dim,
-            "particles": args.particles, "samples": args.samples, "seed": args.seed}
+            "particles": args.particles, "samples": args.samples, "seed": args.seed,
+            "init": args.init}
 
 
 def _run_key(rec: dict) -> tuple:
@@ -281,7 +288,7 @@ def _tag(args, short: str, layers: int, split: int) -> str:
     """A run's checkpoint name: every setting that changes what it computes."""
     return (f"{short}_L{layers}_{args.guide}_{args.objective}_s{split}_T{args.steps}"
             f"_B{args.batch_size}_M{args.inducing}_H{args.hidden_dim}_P{args.particles}"
-            f"_lr{args.lr:g}_seed{args.seed}")
+            f"_lr{args.lr:g}_seed{args.seed}_{args.init}")
 
 
 def _run_one(args, short: str, split: int, layers: int, ckpt_dir: Path) -> tuple[dict, Path]:
@@ -293,9 +300,16 @@ def _run_one(args, short: str, split: int, layers: int, ckpt_dir: Path) -> tuple
     B = min(args.batch_size, N)
     pyro.clear_param_store()
     pyro.set_rng_seed(seed)
+    init = resolve(args.init)
     model = DeepGP.regression(data.X_train, data.y_train, num_layers=layers,
-                              hidden_dim=args.hidden_dim, num_inducing=M, seed=seed)
-    guide = make_guide(args.guide, model)
+                              hidden_dim=args.hidden_dim, num_inducing=M, seed=seed,
+                              **{k: init[k] for k in MODEL_KEYS})
+    if args.guide == "meanfield":
+        guide = MeanField(model, inner_variance=init["inner_variance"])
+    elif args.init == "dsvi":
+        guide = make_guide(args.guide, model)
+    else:
+        raise ValueError(f"--init {args.init} is for the meanfield guide")
     ckpt = ckpt_dir / f"{_tag(args, short, layers, split)}.pt"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     status, error = "ok", None
@@ -304,12 +318,13 @@ def _run_one(args, short: str, split: int, layers: int, ckpt_dir: Path) -> tuple
         result = fit(model, guide, data.X_train, data.y_train, num_steps=args.steps,
                      batch_size=B, lr=args.lr, objective=args.objective,
                      num_particles=args.particles, seed=seed, progress=not args.quiet,
-                     checkpoint=ckpt, checkpoint_every=args.checkpoint_every, resume=True)
+                     checkpoint=ckpt, checkpoint_every=args.checkpoint_every, resume=True,
+                     lr_decay=init["lr_decay"])
         losses, fit_seconds, resumed_from = result.losses, result.seconds, result.resumed_from
         final_elbo = result.final_elbo
     except TrainingDivergedError as err:  # parameters restored to the last finite step
         status, error = "diverged", str(err)
-        state = torch.load(ckpt, weights_only=False)
+        state = safe_load(ckpt)
         losses, resumed_from = list(state["losses"]), None
         fit_seconds = float(state.get("seconds", time.perf_counter() - t0))
         tail = losses[-max(1, len(losses) // 10):] or [math.nan]
@@ -407,7 +422,8 @@ def group_by_configuration(records: list[dict]) -> dict[tuple, list[dict]]:
     for rec in records:
         s = rec["settings"]
         key = (rec["dataset"], rec["layers"], rec["model"], rec["guide"], rec["objective"],
-               s["steps"], s.get("batch_size_used"), s.get("inducing_used"), s["samples"])
+               s["steps"], s.get("batch_size_used"), s.get("inducing_used"), s["samples"],
+               s.get("init", "dsvi"))
         groups.setdefault(key, []).append(rec)
     for key, recs in groups.items():  # one record per split: the last (a rerun of it, or a
         by_split = {r["split"]: r for r in recs}  # second process on the same file)
@@ -422,15 +438,17 @@ def record_summary(records: list[dict]) -> None:
         ok = [r for r in recs if r.get("status", "ok") == "ok"]
         if not ok:
             continue
-        ds, layers, label, guide, objective, steps, B, M, S = key
+        ds, layers, label, guide, objective, steps, B, M, S, init = key
         figures = {"splits": len(ok), "num_splits": ok[0]["data"]["num_splits"]}
         for name in ("test_loglik", "rmse", "crps"):
             figures[name], figures[f"{name}_se"] = mean_se([r["metrics"][name] for r in ok])
         figures["coverage95"] = sum(r["metrics"]["coverage95"] for r in ok) / len(ok)
         figures["s_per_step"] = sum(r["seconds_per_step"] for r in ok) / len(ok)
-        results.record("uci", {"dataset": ds, "model": label, "guide": guide,
-                               "objective": objective, "steps": steps, "batch": B,
-                               "inducing": M, "samples": S}, figures)
+        settings = {"dataset": ds, "model": label, "guide": guide, "objective": objective,
+                    "steps": steps, "batch": B, "inducing": M, "samples": S}
+        if init != "dsvi":  # the records before the study: all dsvi, without the key
+            settings["init"] = init
+        results.record("uci", settings, figures)
 
 
 def summarize(records: list[dict]) -> str:
@@ -444,7 +462,9 @@ def summarize(records: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key in sorted(groups, key=lambda k: (order.index(k[0]), k[1], k[3], k[4], k[5])):
-        ds, layers, label, guide, objective, steps, B, M, S = key
+        ds, layers, label, guide, objective, steps, B, M, S, init = key
+        if init != "dsvi":
+            guide = f"{guide} ({init})"
         recs = sorted(groups[key], key=lambda r: r["split"])
         ok = [r for r in recs if r.get("status", "ok") == "ok"]
         n_div = len(recs) - len(ok)

@@ -8,6 +8,7 @@
 
 from . import datasets, diagnostics, guides, kernels, likelihoods
 from .diagnostics import (
+    GuideComparisonWarning,
     compare_guides,
     layer_summary,
     load_datatree,
@@ -26,6 +27,7 @@ from .prediction import MixturePredictive, metrics, predict
 __version__ = "0.1.0"
 
 __all__ = [
+    "GuideComparisonWarning",
     "compare_guides",
     "diagnostics",
     "elbo",

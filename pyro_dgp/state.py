@@ -1,11 +1,11 @@
-"""Attributes set for the duration of a block."""
+"""Attributes and process-wide settings set for the duration of a block."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-__all__ = ["swapped"]
+__all__ = ["global_setting", "swapped"]
 
 
 @contextlib.contextmanager
@@ -18,3 +18,16 @@ def swapped(obj, name: str, value) -> Iterator[object]:
         yield obj
     finally:
         setattr(obj, name, previous)
+
+
+@contextlib.contextmanager
+def global_setting(get: Callable[[], object], set_: Callable[[object], None],
+                   value) -> Iterator[None]:
+    """Within the block a process-wide setting is ``value`` (``set_(value)``); the value
+    ``get()`` returned before is set again after, also on an exception."""
+    previous = get()
+    set_(value)
+    try:
+        yield
+    finally:
+        set_(previous)

@@ -272,3 +272,61 @@ def test_classification_csv_keeps_its_labels(tmp_path, capsys):
         assert main(["fit", "--data", str(csv), "--target", "label", "--test-fraction",
                      fraction, "--steps", "2", "--output", str(tmp_path / "b"), "--quiet"]) == 2
         assert "--test-fraction must lie in (0, 1)" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------- what the CLI says it does
+def test_every_option_has_help_and_shows_its_default():
+    """Each option of each command has a help text; one with a default shows it."""
+    import argparse
+
+    from pyro_dgp.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, command in sub.choices.items():
+        text = " ".join(command.format_help().split())
+        for action in command._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            label = action.option_strings[0] if action.option_strings else action.dest
+            assert action.help, f"{name} {label} has no help"
+            if action.option_strings and action.default not in (None, False):
+                helptext = " ".join(command.formatter_class(name)._expand_help(action).split())
+                assert "default" in helptext, f"{name} {label} hides its default"
+                assert helptext in text
+
+
+def test_fit_says_what_it_clamped_and_where_it_wrote(tmp_path, capsys):
+    code = main(["fit", "--data", "step", "--inducing", "500", "--batch-size", "100000",
+                 "--steps", "2", "--samples", "3", "--output", str(tmp_path), "--quiet"])
+    assert code == 0
+    captured = capsys.readouterr()
+    assert "--inducing 500 is more than the" in captured.err and "using M =" in captured.err
+    assert "--batch-size 100000 covers all" in captured.err and "full-batch" in captured.err
+    assert f"wrote the fit to {tmp_path / 'fit.pt'}" in captured.out
+    assert str(tmp_path / "metrics.json") in captured.out
+    assert str(tmp_path / "checkpoint.pt") in captured.out
+    assert (tmp_path / "fit.pt").exists() and (tmp_path / "checkpoint.pt").exists()
+    # evaluate's per-layer summary has no empty label in front
+    assert main(["evaluate", str(tmp_path / "fit.pt"), "--plots", str(tmp_path / "p")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "per-layer summary" in lines and not any(ln.startswith(":") for ln in lines)
+
+
+def test_threads_option_sets_torchs_threads_during_the_fit(tmp_path, monkeypatch):
+    import pyro_dgp.cli.commands as cli
+
+    seen = []
+    real_fit = cli.fit
+
+    def recording_fit(*args, **kwargs):
+        seen.append((torch.get_num_threads(), kwargs["threads"]))
+        return real_fit(*args, **kwargs)
+
+    monkeypatch.setattr(cli, "fit", recording_fit)
+    before = torch.get_num_threads()
+    for threads, expected in ((["--threads", "2"], 2), ([], 1)):  # default: small -> one
+        assert main(["fit", "--data", "step", "--inducing", "5", "--steps", "1", "--samples",
+                     "2", "--output", str(tmp_path), "--quiet", *threads]) == 0
+        assert seen[-1] == (expected, expected)
+        assert torch.get_num_threads() == before

@@ -288,10 +288,28 @@ def test_missing_files_say_where_they_looked(tmp_path):
     assert "kin8nm" in msg and str(tmp_path / "uci" / "kin8nm") in msg
     assert str(datasets.cache_dir()) in msg
     # with download allowed but no network, the error still says where it looked
-    with pytest.raises(FileNotFoundError, match="looked in") as err:
+    with pytest.raises(FileNotFoundError, match="no data.txt in any of") as err:
         with pytest.warns(UserWarning, match="downloading"):
             datasets.load("kin8nm", data_dir=tmp_path)
     assert "network disabled" in str(err.value)
+
+
+def test_missing_set_names_the_data_variable_and_its_folders(tmp_path, monkeypatch):
+    """The error names PYRO_DGP_DATA, says whether and to what it is set, and lists each
+    folder looked in with where it came from."""
+    monkeypatch.delenv("PYRO_DGP_DATA", raising=False)
+    with pytest.raises(FileNotFoundError) as err:
+        datasets.load("kin8nm", download=False)
+    msg = str(err.value)
+    assert "PYRO_DGP_DATA is not set" in msg and "export PYRO_DGP_DATA=" in msg
+    assert f"{datasets.cache_dir() / 'uci' / 'kin8nm'}  (user cache)" in msg
+    monkeypatch.setenv("PYRO_DGP_DATA", str(tmp_path / "env"))
+    with pytest.raises(FileNotFoundError) as err:
+        datasets.load("kin8nm", data_dir=tmp_path / "arg", download=False)
+    msg = str(err.value)
+    assert f"PYRO_DGP_DATA is set to '{tmp_path / 'env'}'" in msg
+    assert f"{tmp_path / 'env' / 'uci' / 'kin8nm'}  ($PYRO_DGP_DATA)" in msg
+    assert f"{tmp_path / 'arg' / 'uci' / 'kin8nm'}  (data_dir)" in msg
 
 
 def test_missing_split_file_is_named(uci_root, tmp_path):

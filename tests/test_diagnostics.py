@@ -289,3 +289,17 @@ def test_autoguide_per_layer_kl_survives_an_ill_conditioned_factor(dtype):
         ref = kl_divergence(block, prior)
     assert all(math.isfinite(v) for v in kl.values())
     assert kl["layer1"] == pytest.approx(float(ref), rel=1e-4 if dtype == torch.float32 else 1e-9)
+
+
+def test_layer_summary_prints_every_column():
+    """pandas shortens wide frames to the terminal ('...'); the summary prints whole."""
+    import pandas as pd
+
+    model, guide, X, y = _toy_fit("meanfield", steps=3)
+    table = layer_summary(model, guide, X, num_samples=5)
+    with pd.option_context("display.max_columns", 3, "display.width", 40):
+        text = repr(table)
+        assert "..." not in text
+        for column in ("f_mean", "f_var", "prior_var", "var_ratio", "var_ratio_max", "kl"):
+            assert column in text
+        assert "..." not in repr(table[["kl", "f_var", "prior_var", "var_ratio"]])

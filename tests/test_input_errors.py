@@ -348,3 +348,52 @@ def test_regression_warns_on_inputs_far_from_the_origin():
         warnings.simplefilter("error")
         dgp.DeepGP.regression(X - 1e4, (y > 0).double(), num_layers=1, num_inducing=5,
                               likelihood="probit")
+
+
+# ------------------------------------------------- errors inside a Pyro trace (user's first)
+class _BadScale(PyroModule):
+    """A hand-written model whose likelihood has a negative scale (the user's error)."""
+
+    def __init__(self):
+        super().__init__()
+        self.g = dgp.GPLayer(1, 1, inducing_points=torch.linspace(-1, 1, 4,
+                                                                  dtype=torch.float64)[:, None])
+
+    def forward(self, x, y=None):
+        f = self.g(x).squeeze(-1)
+        with pyro.plate("data", x.shape[-2]):
+            return pyro.sample("y", pyro.distributions.Normal(f, -0.1), obs=y)
+
+
+@pytest.mark.parametrize("entry", ["fit", "predict_like", "elbo"])
+def test_error_inside_a_trace_reaches_the_user_unwrapped(entry):
+    """Pyro re-raises an error inside a trace with the trace's shape table appended (once per
+    nested trace); the public entry points re-raise the user's own error, the table kept as a
+    note."""
+    X = torch.linspace(-1, 1, 10, dtype=torch.float64)[:, None]
+    y = X[:, 0].clone()
+    model = _BadScale()
+    guide = dgp.guides.MeanField(model)
+    with pytest.raises(ValueError) as err:
+        if entry == "fit":
+            dgp.fit(model, guide, X, y, num_steps=2, progress=False)
+        elif entry == "elbo":
+            dgp.elbo(model, guide, X, y, num_particles=2)
+        else:
+            dgp.to_datatree(model, guide, X, y, num_samples=3, seed=0)
+    message = str(err.value)
+    assert message.startswith("Expected parameter scale")
+    assert "Trace Shapes" not in message  # the table is a note, not the message
+    assert err.value.__cause__ is None
+    notes = getattr(err.value, "__notes__", [])
+    assert len(notes) == 1 and "Trace Shapes" in notes[0] and "g.u" in notes[0]
+
+
+def test_unwrap_leaves_other_errors_alone():
+    from pyro_dgp.errors import unwrap_trace_error
+
+    inner = ValueError("bad")
+    outer = ValueError("bad\nsomething else")
+    outer.__cause__ = inner
+    assert unwrap_trace_error(outer) is outer
+    assert unwrap_trace_error(inner) is inner

@@ -211,8 +211,11 @@ def test_constructor_validation():
     with pytest.raises(ValueError, match="y_std"):
         MixturePredictive(loc, torch.ones(3, 4, dtype=DT), lik, y_std=0.0)
     probit = MixturePredictive(loc, torch.ones(3, 4, dtype=DT), BernoulliProbit())
-    with pytest.raises(NotImplementedError, match="Gaussian"):
-        probit.crps(torch.zeros(4, dtype=DT))
+    # binary labels: the CRPS is the Brier score (p(y=1) - y)^2
+    y = torch.tensor([0.0, 1.0, 1.0, 0.0], dtype=DT)
+    torch.testing.assert_close(probit.crps(y), (probit.mean - y) ** 2)
+    with pytest.raises(ValueError, match="0/1 or -1/1"):
+        probit.crps(torch.full((4,), 0.5, dtype=DT))
 
 
 # ------------------------------------------------------------------ metrics

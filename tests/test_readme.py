@@ -1,12 +1,15 @@
 """The README's quickstart runs as written (fewer steps), with either of its guides; its two
 command lines are unchanged; README.md and docs/ link only inside the repository."""
 
+import os
 import re
 from pathlib import Path
 
 import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+DATA = Path(os.environ.get("PYRO_DGP_DATA",
+                           Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
 def _quickstart() -> str:
@@ -102,3 +105,35 @@ def test_one_current_figure_referenced_from_the_design():
 
 def test_readme_is_short():
     assert len(README.read_text().splitlines()) <= 100
+
+
+def _command_lines() -> list[str]:
+    text = README.read_text()
+    block = text.split("## Command line", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    return [line.split("#", 1)[0].strip() for line in block.strip().splitlines()]
+
+
+@pytest.mark.skipif(not (DATA / "uci" / "energy").exists(), reason="UCI energy not found")
+def test_readme_command_lines_run(tmp_path, monkeypatch, capsys):
+    """The README's command-line examples, run in-process with 3 steps into a temp folder."""
+    import shlex
+
+    from pyro_dgp.cli import main
+
+    monkeypatch.setenv("PYRO_DGP_DATA", str(DATA))
+    monkeypatch.chdir(tmp_path)
+    lines = _command_lines()
+    assert [shlex.split(ln)[:2] for ln in lines] == [
+        ["pyro-dgp", "demo"], ["pyro-dgp", "fit"], ["pyro-dgp", "evaluate"]]
+    for line in lines:
+        argv = shlex.split(line)[1:]
+        if "--steps" in argv:
+            argv[argv.index("--steps") + 1] = "3"
+        else:
+            argv += ["--steps", "3"] if argv[0] == "demo" else []
+        if argv[0] in ("demo", "fit"):
+            argv.append("--quiet")
+        assert main(argv) == 0, line
+    assert (tmp_path / "out" / "energy" / "fit.pt").exists()
+    assert list((tmp_path / "out" / "energy" / "plots").glob("*.png"))
+    assert (tmp_path / "out" / "demo" / "results.json").exists()

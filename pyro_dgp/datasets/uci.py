@@ -144,13 +144,18 @@ def search_dirs(data_dir: str | os.PathLike | None = None) -> list[Path]:
 
     Each entry may be a folder containing ``uci/`` or the ``uci/`` folder itself.
     """
-    dirs: list[Path] = []
+    return [base for base, _ in _labelled_dirs(data_dir)]
+
+
+def _labelled_dirs(data_dir: str | os.PathLike | None) -> list[tuple[Path, str]]:
+    """:func:`search_dirs` with where each folder comes from."""
+    dirs: list[tuple[Path, str]] = []
     if data_dir is not None:
-        dirs.append(Path(data_dir).expanduser())
+        dirs.append((Path(data_dir).expanduser(), "data_dir"))
     env = os.environ.get(ENV_VAR)
     if env:
-        dirs.append(Path(env).expanduser())
-    dirs.append(cache_dir())
+        dirs.append((Path(env).expanduser(), f"${ENV_VAR}"))
+    dirs.append((cache_dir(), "user cache"))
     return dirs
 
 
@@ -158,15 +163,27 @@ def _candidates(base: Path, folder: str) -> list[Path]:
     return [base / "uci" / folder, base / folder]
 
 
-def _find_uci(folder: str, data_dir: str | os.PathLike | None) -> tuple[Path | None, list[Path]]:
-    """The first folder holding ``<folder>/data.txt``, and every place that was looked at."""
-    looked: list[Path] = []
-    for base in search_dirs(data_dir):
+def _find_uci(folder: str, data_dir: str | os.PathLike | None) -> tuple[Path | None, list[str]]:
+    """The first folder holding ``<folder>/data.txt``, and every place that was looked at
+    (each with where it came from)."""
+    looked: list[str] = []
+    for base, origin in _labelled_dirs(data_dir):
         for cand in _candidates(base, folder):
-            looked.append(cand)
+            looked.append(f"{cand}  ({origin})")
             if (cand / "data.txt").is_file():
                 return cand, looked
     return None, looked
+
+
+def _not_found(folder: str, looked: list[str]) -> str:
+    """The message for a UCI set found nowhere: where it looked and how to point there."""
+    env = os.environ.get(ENV_VAR)
+    state = f"{ENV_VAR} is set to {env!r}" if env else f"{ENV_VAR} is not set"
+    return (f"UCI data set {folder!r} not found: no data.txt in any of\n  "
+            + "\n  ".join(looked)
+            + f"\n{state}. Set {ENV_VAR} (or pass data_dir=...) to a folder holding "
+            f"uci/{folder}/data.txt with its split files (index_train_<k>.txt...), e.g. "
+            f"export {ENV_VAR}=/path/to/data")
 
 
 def _locate(name: str, data_dir: str | os.PathLike | None, download: bool) -> Path:
@@ -176,18 +193,14 @@ def _locate(name: str, data_dir: str | os.PathLike | None, download: bool) -> Pa
     path, looked = _find_uci(folder, data_dir)
     if path is not None:
         return path
-    where = "\n  ".join(str(p) for p in looked)
     if not download:
-        raise FileNotFoundError(
-            f"UCI data set {folder!r} not found (no data.txt); looked in:\n  {where}\n"
-            f"Pass data_dir=..., set {ENV_VAR}, or call with download=True."
-        )
+        raise FileNotFoundError(_not_found(folder, looked) + ", or call with download=True.")
     try:
         return download_uci(folder)
     except OSError as err:  # urllib.error.URLError is an OSError
         raise FileNotFoundError(
-            f"UCI data set {folder!r} not found (no data.txt); looked in:\n  {where}\n"
-            f"and downloading it from {UCI_BASE_URL}/{folder}/data/ failed: {err}"
+            _not_found(folder, looked)
+            + f".\nDownloading it from {UCI_BASE_URL}/{folder}/data/ failed too: {err}"
         ) from err
 
 

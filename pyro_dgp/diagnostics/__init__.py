@@ -1,5 +1,6 @@
 """ArviZ export and diagnostics of variational fits: per-layer summaries, PSIS, plots."""
 
+from .compare import GuideComparisonWarning, predictive_scores
 from .export import load_datatree, save_datatree, to_datatree
 from .kl import layer_kl
 from .layers import layer_summary, layer_variance
@@ -7,6 +8,7 @@ from .plots import plot_diagnostics, plot_hyperparameters, plot_layer_paths, plo
 from .psis import compare_guides, loo, variational_pareto_k
 
 __all__ = [
+    "GuideComparisonWarning",
     "compare_guides",
     "layer_kl",
     "layer_summary",
@@ -17,6 +19,7 @@ __all__ = [
     "plot_hyperparameters",
     "plot_layer_paths",
     "plot_layer_variance",
+    "predictive_scores",
     "save_datatree",
     "to_datatree",
     "variational_pareto_k",

@@ -13,9 +13,14 @@ touching the global random state) and stores them in ArviZ groups:
     draw, <site>_dim<k>...)``.
 ``layers``
     per layer, at the data ``X`` (dim ``obs``) or at ``grid`` (dim ``grid``): ``<layer>.f`` the
-    sampled function values, ``<layer>.f_mean`` / ``<layer>.f_var`` the Gaussian each value was
-    drawn from (the marginal the guide attached,
-    :func:`~pyro_dgp.likelihoods.marginal.source_of`), dims
+    sampled function values, ``<layer>.f_mean`` / ``<layer>.f_var`` the marginal Gaussian each
+    value was drawn from (the one the guide attached,
+    :func:`~pyro_dgp.likelihoods.marginal.source_of`). With ``paths`` (default: on a grid)
+    the values of a draw are one composition of functions, each layer's ``f`` drawn jointly
+    over the points given the draw's ``u`` (:func:`~pyro_dgp.guides.base.sample_paths`,
+    ``O(G^3)`` per layer and draw for ``G`` points); otherwise each point is drawn from its own
+    marginal (the guide's estimator, as for predictions). Group attribute ``sample_paths``
+    (1 or 0) says which. Dims
     ``(chain, draw, obs, <layer>_unit)``, and ``<layer>.prior_var`` = ``k_l(x, x)`` at the
     layer's own inputs in that draw, dims ``(chain, draw, obs)``. Group attributes
     ``<layer>.kl`` hold ``KL(q(u^l) || p(u^l))`` (see :func:`~pyro_dgp.diagnostics.kl.layer_kl`),
@@ -54,6 +59,7 @@ from pyro import poutine
 from pyro.poutine.trace_struct import Trace
 from pyro.poutine.util import site_is_subsample
 
+from ..errors import user_errors_first
 from ..gp.sites import function_site, layer_site
 from ..infer.draws import (
     check_guide_of,
@@ -173,6 +179,7 @@ class _Parts:
         self.dims[name] = dims
 
 
+@user_errors_first
 def to_datatree(
     model,
     guide,
@@ -182,6 +189,7 @@ def to_datatree(
     grid: torch.Tensor | None = None,
     seed: int | None = None,
     kl: bool = True,
+    paths: bool | None = None,
 ) -> xr.DataTree:
     """An ArviZ ``DataTree`` of ``num_samples`` guide draws (see the module docstring).
 
@@ -195,17 +203,21 @@ def to_datatree(
         seed and ``batch_size >= N`` the draws are those of
         :func:`~pyro_dgp.prediction.predictive.predict`.
     :param kl: compute ``KL(q(u^l) || p(u^l))`` per layer into the ``layers`` attributes.
+    :param paths: draw the ``layers`` group as sample paths (module docstring); default: on a
+        ``grid`` only. Needs a layer guide of the library.
     """
     check_inputs(X)
     S = check_positive_int(num_samples, "num_samples")
     if grid is not None:
         check_inputs(grid, X.shape[-1], "grid")
-    draws = _draw(model, guide, X, y, grid, S, seed)
+    paths = grid is not None if paths is None else bool(paths)
+    draws = _draw(model, guide, X, y, grid, S, seed, paths)
     if not function_sites(draws.guide_trace):
         raise ValueError("the guide produced no '<layer>.f' site: is the model made of GPLayers?")
     parts = _Parts(X)
     _posterior_group(parts, draws.guide_trace, S)
     _layers_group(parts, draws.layer_trace, grid, S)
+    parts.attrs["layers"]["sample_paths"] = int(paths)
     _observation_groups(parts, draws, y is not None, S, X.shape[-2])
     parts.attrs["/"] = {**_guide_attrs(guide), "num_samples": S}
     parts.attrs["/"].update({f"hyper.{k}": v for k, v in point_hyperparameters(model).items()})
@@ -216,20 +228,22 @@ def to_datatree(
                                 attrs=parts.attrs)
 
 
-def _draw(model, guide, X, y, grid, S: int, seed: int | None) -> _Draws:
-    """The guide's ``S`` draws at ``X`` (and, replayed, at ``grid``), the model replayed on
-    them, and a posterior-predictive draw of each observation site."""
+def _draw(model, guide, X, y, grid, S: int, seed: int | None, paths: bool) -> _Draws:
+    """The guide's ``S`` draws at ``X``, the model replayed on them, a posterior-predictive
+    draw of each observation site, and the layers' draws at ``X`` or ``grid`` (the same global
+    draws replayed, as paths if ``paths``)."""
     check_guide_of(model, guide, "to_datatree")
     set_up_guide(guide, (X,), seed, X.device)  # not inside the seeded draws: it uses the RNG
     with torch.no_grad(), seeded(seed, X.device):
         guide_trace = trace_draws(guide, (X,), S)
         model_trace = trace_model(model, guide_trace, (X,) if y is None else (X, y), S)
         observations = observation_sites(model_trace, guide_trace)
-        layer_trace = guide_trace
-        if grid is not None:
-            layer_trace = trace_draws(guide, (grid,), S, replay=global_draws(guide_trace))
         predictive = {name: site["fn"].sample() if site["is_observed"] else site["value"]
                       for name, site in observations}
+        layer_trace = guide_trace
+        if grid is not None or paths:
+            layer_trace = trace_draws(guide, (X if grid is None else grid,), S,
+                                      replay=global_draws(guide_trace), paths=paths)
     return _Draws(guide_trace, layer_trace, observations, predictive)
 
 

@@ -18,6 +18,7 @@ import xarray as xr
 
 from ..infer.draws import check_guide_of
 from .export import to_datatree
+from .tables import whole
 
 __all__ = ["SAMPLE_DIMS", "layer_order", "layer_summary", "layer_variance"]
 
@@ -77,7 +78,7 @@ def layer_order(dt: xr.DataTree) -> list[str]:
 
 
 def layer_summary(source, guide=None, X=None, **kwargs):
-    """One row per layer (first to last), a ``pandas.DataFrame`` with columns
+    """One row per layer (first to last), a ``pandas.DataFrame`` (printed whole) with columns
 
     - ``f_mean``, ``f_var``: posterior mean and variance of ``f^l``, averaged over the input
       points and the layer's units;
@@ -111,4 +112,4 @@ def layer_summary(source, guide=None, X=None, **kwargs):
                 "kl": float(attrs.get(f"{lname}.kl", float("nan"))),
             }
         )
-    return pd.DataFrame(rows).set_index("layer")
+    return whole(pd.DataFrame(rows).set_index("layer"))

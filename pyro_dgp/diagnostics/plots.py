@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -52,10 +53,15 @@ def plot_layer_paths(
     """Posterior sample paths, one panel per layer (``f^l`` against its own input: ``x`` for
     the first layer, ``f^{l-1}`` (its unit ``unit``) for the others) and a last panel with the
     composition ``f^L`` against ``x`` (as Ustyuzhaninov et al. 2020 show them). Needs 1-D
-    inputs; evaluate on a grid
-    (``to_datatree(..., grid=...)``) for smooth paths. :returns: the PNG path."""
+    inputs. A DataTree whose ``layers`` group holds per-point draws (``sample_paths`` 0: no
+    grid and ``paths=False``) is plotted with a warning: those lines are not functions.
+    :returns: the PNG path."""
     plt = _plt()
     x, _ = _inputs_1d(dt)
+    if not dt["layers"].attrs.get("sample_paths", 1):
+        warnings.warn("plot_layer_paths: the DataTree's layers were drawn per point, not as "
+                      "sample paths; build it with to_datatree(..., grid=...) or paths=True",
+                      UserWarning, stacklevel=2)
     ds = dt["layers"].to_dataset()
     names = layer_order(dt)
     panels = len(names) + (1 if len(names) > 1 else 0)

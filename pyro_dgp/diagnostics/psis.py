@@ -25,8 +25,11 @@ from ..infer.draws import (
 )
 from ..rng import seeded
 from ..validation import check_inputs, check_positive_int
+from .compare import GuideComparisonWarning, annotate_comparison
+from .tables import whole
 
 __all__ = [
+    "GuideComparisonWarning",
     "VariationalPSIS",
     "compare_guides",
     "guide_log_density",
@@ -75,19 +78,57 @@ def loo(dt: xr.DataTree, var_name: str | None = None, pointwise: bool = True):
     return arviz_stats.loo(dt, pointwise=pointwise, var_name=var_name, log_weights=lw, pareto_k=k)
 
 
-def compare_guides(datatrees: dict, method: str = "stacking", var_name: str | None = None):
-    """PSIS-LOO comparison of guides of one model: ``arviz_stats.compare`` of :func:`loo` of
-    each ``{name: to_datatree(model, guide, X, y)}``.
+def compare_guides(datatrees: dict, method: str = "stacking", var_name: str | None = None, *,
+                   heldout: dict | None = None, elbos: dict | None = None, level: float = 0.95):
+    """PSIS-LOO comparison of guides of one model (Vehtari, Gelman and Gabry 2017), with the
+    ELBO and the calibration of each guide's predictive beside it.
 
-    :returns: a ``pandas.DataFrame`` ordered best first (column ``rank``: 0 is best; ``elpd``,
-        ``elpd_diff``, ``weight``, ``se``...), as :func:`arviz_stats.compare`.
+    :param datatrees: ``{name: to_datatree(model, guide, X, y)}``, two or more, on the same
+        data.
+    :param method: the model weights of ``arviz_stats.compare`` (``"stacking"``,
+        ``"bb-pseudo-bma"``, ``"pseudo-bma"``).
+    :param var_name: the observed variable, when the DataTrees hold several.
+    :param heldout: ``{name: to_datatree(model, guide, X_test, y_test)}`` for every guide, all
+        at the same test points: adds the held-out columns, and calibration is then judged on
+        them instead of in-sample.
+    :param elbos: ``{name: ELBO}``, a float or a :func:`~pyro_dgp.elbo` estimate (its
+        ``stderr`` goes to ``elbo_se``); a guide not in it takes the DataTree's root attributes
+        ``elbo`` and ``elbo_se`` if set.
+    :param level: the nominal coverage of the central predictive interval.
+    :returns: a ``pandas.DataFrame`` (printed whole) ordered best first by PSIS-LOO, as
+        ``arviz_stats.compare`` (``rank`` (0 is best), ``elpd``, ``p``, ``elpd_diff``,
+        ``weight``, ``se``, ``dse``, ``warning``), plus ``elbo``, ``elbo_se`` (NaN unknown);
+        ``pareto_k_max`` and ``n_bad_k``, the points whose k-hat exceeds
+        ``min(1 - 1/log10(S), 0.7)`` for ``S`` draws (Vehtari et al. 2017, 2024);
+        ``coverage``, ``coverage_se``, ``crps``, ``crps_se`` in-sample, from each DataTree's
+        ``posterior_predictive`` draws against ``observed_data`` (NaN without them); with
+        ``heldout``, ``heldout_coverage``, ``heldout_coverage_se``, ``heldout_crps``,
+        ``heldout_crps_se``, ``heldout_elpd`` (sum over test points of the log density of the
+        ``S``-draw predictive mixture), ``heldout_elpd_se``; and ``notes``, the messages that
+        name the guide (empty when none). The estimators and their Monte Carlo errors are
+        those of :mod:`pyro_dgp.diagnostics.compare` (coverage by the non-randomised PIT,
+        CRPS by its energy form, Gneiting and Raftery 2007). ``table.attrs["warnings"]`` holds
+        every message, ``table.attrs["preferred"]`` the guide each criterion prefers.
+    :warns GuideComparisonWarning: for each guide with k-hat above the limit at some points
+        (its LOO is unreliable), and when the guide that elpd_loo or the ELBO prefers has a
+        coverage further from ``level``, a higher CRPS or, held out, a lower log predictive
+        density than the guide that criterion prefers, by more than twice the standard error
+        of the difference (paired over the points for CRPS and elpd).
     """
     import arviz_stats
 
+    if not isinstance(datatrees, dict):
+        raise TypeError(f"datatrees must be a dict {{name: DataTree}}, got "
+                        f"{type(datatrees).__name__}")
     if len(datatrees) < 2:
         raise ValueError("compare_guides needs at least two DataTrees")
-    elpds = {name: loo(dt, var_name=var_name) for name, dt in datatrees.items()}
-    return arviz_stats.compare(elpds, method=method)
+    with warnings.catch_warnings():
+        # reported per guide, by name, as a GuideComparisonWarning
+        warnings.filterwarnings("ignore", "Estimated shape parameter of Pareto", UserWarning)
+        elpds = {name: loo(dt, var_name=var_name) for name, dt in datatrees.items()}
+    table = arviz_stats.compare(elpds, method=method)
+    return whole(annotate_comparison(table, elpds, datatrees, heldout=heldout, elbos=elbos,
+                                     level=level, var_name=var_name))
 
 
 class VariationalPSIS:

@@ -14,6 +14,7 @@ from scipy.cluster.vq import kmeans2
 
 from .. import kernels as K
 from ..likelihoods import BernoulliProbit, Gaussian, Likelihood, StudentT
+from ..state import global_setting
 from ..validation import check_inputs, check_positive_finite, check_positive_int, check_targets
 from .layer import GPLayer
 
@@ -33,12 +34,8 @@ KERNELS = {
 def default_dtype(dtype: torch.dtype):
     """Build modules directly in the data's dtype (a float32 build cast to float64 would keep
     float32 rounding in its initial values)."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
+    with global_setting(torch.get_default_dtype, torch.set_default_dtype, dtype):
         yield
-    finally:
-        torch.set_default_dtype(old)
 
 
 def kmeans(X: torch.Tensor, M: int, seed: int) -> torch.Tensor:
@@ -151,12 +148,13 @@ def make_likelihood(likelihood: str | Likelihood, noise_variance: float) -> Like
 
 
 def dsvi_layers(X, num_layers, hidden, M, kernel, whiten, inner_noise, kernel_variance,
-                lengthscale, jitter, seed, inducing) -> list[GPLayer]:
+                lengthscale, jitter, seed, inducing, ard=True, train_mean=False) -> list[GPLayer]:
     """The layers of a DSVI deep GP for inputs ``X (N, D)`` (Salimbeni and Deisenroth 2017):
     k-means inducing inputs, propagated through the fixed linear (identity/PCA) means of the
     inner layers; ARD kernels with variance ``kernel_variance`` and lengthscales
     ``lengthscale``; between-layer noise ``inner_noise`` (a White kernel) on inner layers;
-    zero mean on the last layer. With ``inducing="locations"`` (Ustyuzhaninov et al. 2020,
+    zero mean on the last layer (``ard=False``: one lengthscale per kernel; ``train_mean``:
+    the linear means learned from there). With ``inducing="locations"`` (Ustyuzhaninov et al. 2020,
     §4.2) a layer whose ``u`` feeds the next layer's inducing inputs holds ``f(Z)``."""
     locations = inducing == "locations"
     D = X.shape[-1]
@@ -166,7 +164,7 @@ def dsvi_layers(X, num_layers, hidden, M, kernel, whiten, inner_noise, kernel_va
     layers = []
     for i, (d_in, d_out) in enumerate(itertools.pairwise(dims)):
         last = i == num_layers - 1
-        base = KERNELS[kernel](d_in, variance=kernel_variance, lengthscale=lengthscale)
+        base = KERNELS[kernel](d_in, variance=kernel_variance, lengthscale=lengthscale, ard=ard)
         kern = base if last else K.Sum(base, K.White(d_in, variance=inner_noise))
         mean = "zero" if last else pca_mean(H, d_out)
         # with locations, a layer whose u feeds the next layer's inducing inputs holds
@@ -175,7 +173,7 @@ def dsvi_layers(X, num_layers, hidden, M, kernel, whiten, inner_noise, kernel_va
         layers.append(
             GPLayer(d_in, d_out, inducing_points=Z, kernel=kern, mean=mean,
                     whiten=whiten and not values, jitter=jitter, name=f"layer{i + 1}",
-                    function_values=values,
+                    function_values=values, train_mean=train_mean and not last,
                     # with locations, inner Z are random (the previous layer's f^z): the
                     # stored Z only sets the guides' initial means
                     train_inducing=not (locations and i > 0))

@@ -149,6 +149,8 @@ class DeepGP(PyroModule):
         seed: int = 0,
         name: str | None = None,
         inducing: str = "fixed",
+        ard: bool = True,
+        train_mean: bool = False,
     ) -> DeepGP:
         """A DSVI deep GP initialised as in Salimbeni and Deisenroth 2017 (``docs/maths.md``).
 
@@ -161,6 +163,8 @@ class DeepGP(PyroModule):
         :param hidden_dim: width of inner layers, default ``min(30, D)``.
         :param likelihood: ``"gaussian"``, ``"studentt"``, ``"probit"`` or an instance.
         :param inducing: ``"fixed"`` or ``"locations"`` (see :class:`DeepGP`).
+        :param ard: a lengthscale per input dimension (default) or one per kernel.
+        :param train_mean: learn the inner layers' linear means (default: fixed PCA maps).
         :param whiten: whitened inducing outputs (default). With ``inducing="locations"`` the
             layers whose ``u`` is the next layer's inducing inputs always hold ``f(Z)``; the
             last layer is whitened at its random inducing inputs (non-centred) if ``whiten``,
@@ -174,7 +178,8 @@ class DeepGP(PyroModule):
             lik = make_likelihood(likelihood, checked["noise_variance"])
             layers = dsvi_layers(X, checked["num_layers"], checked["hidden"], checked["M"],
                                  kernel, whiten, inner_noise, kernel_variance, lengthscale,
-                                 jitter, checked["seed"], inducing)
+                                 jitter, checked["seed"], inducing, ard=ard,
+                                 train_mean=train_mean)
             model = cls(layers, lik, num_data=N, name=name, inducing=inducing)
         return model.to(device=X.device, dtype=X.dtype)
 

@@ -13,8 +13,8 @@ from pyro.distributions.util import broadcast_shape
 
 from ..likelihoods.marginal import SourceGaussian, record_source
 
-__all__ = ["FunctionMarginal", "LayerConditional", "WhitenedPrior", "drop_data_dim",
-           "masked_out"]
+__all__ = ["FunctionMarginal", "FunctionPath", "LayerConditional", "WhitenedPrior",
+           "drop_data_dim", "masked_out"]
 
 
 def drop_data_dim(u: torch.Tensor) -> torch.Tensor:
@@ -101,6 +101,35 @@ class FunctionMarginal(dist.Independent):
         shape = torch.Size(batch_shape) + self.event_shape
         return FunctionMarginal(self.base_dist.loc.expand(shape), self.var.expand(shape),
                                 self.given_draw)
+
+
+class FunctionPath(FunctionMarginal):
+    """``f`` drawn jointly over the ``N`` points: one function's values (a sample path).
+
+    Its marginals, log-density and recorded source are those of :class:`FunctionMarginal`
+    ``N(loc, var)``; a draw is ``loc + L eps`` with ``L (..., N, N)`` the lower Cholesky factor
+    of the covariance of ``f`` over the points (the same for each of the ``D_out`` outputs),
+    ``eps (..., N, D_out)`` standard normal, so ``diag(L L^T) = var``.
+    """
+
+    def __init__(self, loc: torch.Tensor, var: torch.Tensor, scale_tril: torch.Tensor,
+                 given_draw: bool = False, validate_args=None):
+        super().__init__(loc, var, given_draw)
+        self.path_scale_tril = scale_tril
+
+    def rsample(self, sample_shape=torch.Size()):
+        if sample_shape:
+            raise NotImplementedError("FunctionPath draws one path per batch entry")
+        loc = self.base_dist.loc
+        eps = torch.randn(loc.shape, dtype=loc.dtype, device=loc.device)
+        value = loc + self.path_scale_tril @ eps
+        record_source(value, SourceGaussian(loc, self.var, self.given_draw))
+        return value
+
+    def expand(self, batch_shape, _instance=None):
+        shape = torch.Size(batch_shape) + self.event_shape
+        return FunctionPath(self.base_dist.loc.expand(shape), self.var.expand(shape),
+                            self.path_scale_tril, self.given_draw)
 
 
 class LayerConditional(dist.TorchDistribution):

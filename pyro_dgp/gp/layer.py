@@ -119,7 +119,8 @@ class GPLayer(PyroModule):
         Z's dtype and device.
     :param mean: ``"zero"``, ``"identity"`` (needs D_in == D_out), a fixed finite
         ``(D_in, D_out)`` matrix W (``m(x) = x W``, e.g. a PCA map; stored in Z's dtype and
-        device), or a callable ``(..., N, D_in) -> (..., N, D_out)``.
+        device; learned from there with ``train_mean=True``), or a callable
+        ``(..., N, D_in) -> (..., N, D_out)``.
     :param whiten: parameterise ``u = L v`` with ``v ~ N(0, I)`` (default).
     :param jitter: relative diagonal jitter for ``K_ZZ`` (default by dtype).
     :param name: site-name prefix; defaults to the attribute name in the parent module
@@ -149,6 +150,7 @@ class GPLayer(PyroModule):
         name: str | None = None,
         train_inducing: bool = True,
         function_values: bool = False,
+        train_mean: bool = False,
     ):
         own_name = unique_name(name or type(self).__name__)
         super().__init__(name=own_name)
@@ -162,7 +164,7 @@ class GPLayer(PyroModule):
         else:
             self.register_buffer("inducing_points", inducing_points.clone())
         self.kernel = _layer_kernel(kernel, inducing_points, self.input_dim)
-        self._mean_kind, self._mean_fn = self._parse_mean(mean, inducing_points)
+        self._mean_kind, self._mean_fn = self._parse_mean(mean, inducing_points, train_mean)
         self.whiten = bool(whiten)
         if jitter is not None:
             jitter = check_positive_finite(jitter, "GPLayer: jitter")
@@ -183,7 +185,7 @@ class GPLayer(PyroModule):
         return state
 
     # ----------------------------------------------------------------------------- structure
-    def _parse_mean(self, mean, Z: torch.Tensor):
+    def _parse_mean(self, mean, Z: torch.Tensor, train: bool = False):
         if isinstance(mean, str):
             if mean == "zero":
                 return "zero", None
@@ -207,7 +209,10 @@ class GPLayer(PyroModule):
             )
         W = W.to(dtype=Z.dtype, device=Z.device)  # the layer's dtype and device
         check_finite(W, "GPLayer: mean")
-        self.register_buffer("mean_weight", W.clone())
+        if train:
+            self.mean_weight = PyroParam(W.clone())
+        else:
+            self.register_buffer("mean_weight", W.clone())
         return "linear", None
 
     @property

@@ -1,7 +1,7 @@
 """Variational guides for models built from GP layers (the model/guide contract of
 ``docs/design.md``)."""
 
-from .base import LayerGuide, shared_draws
+from .base import LayerGuide, sample_paths, shared_draws
 from .chain import Chain
 from .completed import Completed, complete, inducing_only
 from .coupled import Coupled
@@ -21,5 +21,6 @@ __all__ = [
     "MeanField",
     "complete",
     "inducing_only",
+    "sample_paths",
     "shared_draws",
 ]

@@ -30,7 +30,7 @@ from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.trace_struct import Trace
 from pyro.poutine.util import site_is_subsample
 
-from ..gp.distributions import FunctionMarginal, masked_out
+from ..gp.distributions import FunctionMarginal, FunctionPath, masked_out
 from ..gp.kl import layer_gaussian_kl
 from ..gp.sites import FunctionSite, InducingSite, layer_site
 from ..state import swapped
@@ -39,7 +39,7 @@ from . import estimators
 from .gaussian import LayerGaussian, check_size, gaussian_parameters
 from .prototype import LayerSite, example_args, is_vectorising, prototype_sites
 
-__all__ = ["GuideRun", "LayerGuide", "shared_draws"]
+__all__ = ["GuideRun", "LayerGuide", "sample_paths", "shared_draws"]
 
 
 @dataclass
@@ -92,6 +92,11 @@ class _Redirect(Messenger):
             return False
         if isinstance(record, FunctionSite):
             x, u = record.inputs, record.inducing
+            if self.guide._paths_only:  # f jointly over x given the run's draw of u
+                loc, var, scale_tril = estimators.path(site, x, u)
+                msg["fn"] = masked_out(FunctionPath(loc, var, scale_tril))
+                msg["is_observed"], msg["value"] = False, None
+                return False
             if record.given_u_only:
                 loc, var = self.guide.f_given_u(site, x, u, self.run)
             else:
@@ -141,6 +146,7 @@ class LayerGuide(PyroModule):
         self._sites: dict[str, LayerSite] = {}
         self._set_up = False
         self._shared_only = False
+        self._paths_only = False
         self._model_view: list | None = None
 
     @property
@@ -345,9 +351,29 @@ class LayerGuide(PyroModule):
         with swapped(self, "_shared_only", True):
             yield self
 
+    @contextlib.contextmanager
+    def sample_paths(self) -> Iterator[LayerGuide]:
+        """Within this context every guide run draws one ``U`` for all points
+        (:meth:`shared_draws`) and each layer's ``f`` jointly over its inputs from the model's
+        ``p(f | u, f_prev)`` at that draw, so a trace's ``<layer>.f`` values are one
+        composition of functions, smooth where the kernels are (a collapsed estimator draws
+        each point from its own marginal instead). ``O(N^3)`` per layer and draw."""
+        with self.shared_draws(), swapped(self, "_paths_only", True):
+            yield self
+
 
 def shared_draws(guide) -> contextlib.AbstractContextManager:
     """:meth:`LayerGuide.shared_draws` for a library guide; a no-op context for any other
     callable (e.g. a plain Pyro guide)."""
     method = getattr(guide, "shared_draws", None)
     return method() if method is not None else contextlib.nullcontext()
+
+
+def sample_paths(guide) -> contextlib.AbstractContextManager:
+    """:meth:`LayerGuide.sample_paths` for a library guide; for any other callable a
+    ``TypeError`` (its draws of ``f`` are the model's own)."""
+    method = getattr(guide, "sample_paths", None)
+    if method is None:
+        raise TypeError(f"sample paths need a layer guide of pyro_dgp, got "
+                        f"{type(guide).__name__}")
+    return method()

@@ -10,13 +10,14 @@ from pyro.distributions import constraints
 from pyro.nn import PyroParam
 
 from ..validation import check_positive_int
+from .blocks import GaussianBlocks
 from .joint import JointGaussian
 from .params import copy_into, preconditioned_tril, raw_tril
 
 __all__ = ["Coupled"]
 
 
-class Coupled(JointGaussian):
+class Coupled(GaussianBlocks, JointGaussian):
     """One Gaussian over the inducing outputs of all layers (Ustyuzhaninov et al. 2020, §4.1).
 
     :param rank: ``None`` for a full ``T x T`` Cholesky factor, or the rank ``r`` of a
@@ -56,6 +57,10 @@ class Coupled(JointGaussian):
             self.cov_diag = PyroParam(var, constraints.positive)
 
     def factor(self):
+        block = self.substituted_block("joint")
+        if block is not None:
+            loc, L = block
+            return loc, L, None, 2 * L.diagonal().log().sum()
         if self.rank is None:
             L = preconditioned_tril(self.scale_tril, self._preconditioner(self.scale_tril))
             return self.loc, L, None, 2 * L.diagonal().log().sum()
@@ -87,6 +92,24 @@ class Coupled(JointGaussian):
             copy_into(self, "cov_factor", q.cov_factor * math.sqrt(T))  # factor() divides
             copy_into(self, "cov_diag", q.cov_diag, constraints.positive)
         return True
+
+    def gaussian_blocks(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """``{"joint": (loc (T,), scale_tril (T, T))}``, full rank only
+        (:class:`~pyro_dgp.guides.blocks.GaussianBlocks`)."""
+        self._ensure_set_up()
+        if self.rank is not None:
+            raise TypeError(f"Coupled(rank={self.rank}) stores a low-rank-plus-diagonal "
+                            "covariance, not a Gaussian block with a Cholesky factor: use "
+                            "rank=None")
+        with torch.no_grad():
+            loc, L, _, _ = self.factor()
+        return {"joint": (loc.detach(), L.detach())}
+
+    def set_gaussian_blocks(self, blocks) -> None:
+        self.set_joint(*blocks["joint"])
+
+    def last_block(self) -> str:
+        return "joint"
 
     def set_joint(self, loc: torch.Tensor, scale_tril: torch.Tensor) -> None:
         """Set ``q = N(loc (T,), scale_tril scale_tril^T)`` (full-rank Coupled only)."""

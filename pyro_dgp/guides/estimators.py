@@ -10,15 +10,33 @@ from __future__ import annotations
 
 import torch
 
+from ..gp.conditional import solve_triangular
+from ..linalg import cholesky
 from .prototype import LayerSite
 
-__all__ = ["collapsed", "per_point", "sampled"]
+__all__ = ["collapsed", "path", "per_point", "sampled"]
 
 
 def sampled(site: LayerSite, x: torch.Tensor, u: torch.Tensor):
     """The model's own ``p(f | u, x)`` at a drawn ``u (..., D_out, M)``: unbiased for any
     ``q(u)`` (the sampled-u estimator)."""
     return site.layer.conditional(x, u)
+
+
+def path(site: LayerSite, x: torch.Tensor, u: torch.Tensor):
+    """``(loc, var, scale_tril)``: :func:`sampled` and the lower Cholesky factor ``(..., N, N)``
+    of the model's covariance of ``f`` over the ``N`` points given ``u``,
+    ``K_XX - K_XZ K_ZZ^-1 K_ZX`` (shared by the outputs), to draw ``f`` jointly over ``x`` as
+    one function's values. ``O(N^3)`` per batch entry of ``x``."""
+    layer = site.layer
+    loc, var = sampled(site, x, u)
+    A = solve_triangular(layer.kzz_cholesky(), layer.kernel(layer.current_inducing_inputs(), x),
+                         upper=False)  # (..., M, N)
+    residual = layer.kernel(x) - A.mT @ A
+    # the residual is near-singular wherever u pins f down: jitter relative to its own scale
+    scale_tril = cholesky(0.5 * (residual + residual.mT),
+                          name=f"layer '{layer.name}' (sample path)")
+    return loc, var, scale_tril
 
 
 def collapsed(site: LayerSite, x: torch.Tensor, loc: torch.Tensor, scale_tril: torch.Tensor):

@@ -13,6 +13,7 @@ from pyro.nn import PyroModule, PyroParam
 from ..validation import check_positive_finite
 from . import estimators
 from .base import GuideRun, LayerGuide
+from .blocks import GaussianBlocks
 from .gaussian import LayerGaussian, initial_scale_tril, mvn_site
 from .params import copy_into, deep_getattr
 from .prototype import LayerSite
@@ -30,7 +31,7 @@ class MeanFieldRun(GuideRun):
     point_u: dict = field(default_factory=dict)
 
 
-class MeanField(LayerGuide):
+class MeanField(GaussianBlocks, LayerGuide):
     """``q(U) = prod_l prod_d N(u^l_d; m^l_d, S^l_d)``, a full ``M x M`` covariance per output.
 
     Estimators of ``E_q log p(y | f^L)``:
@@ -149,7 +150,30 @@ class MeanField(LayerGuide):
             )
 
     def _stored(self, site: LayerSite) -> tuple[torch.Tensor, torch.Tensor]:
+        block = self.substituted_block(site.name)
+        if block is not None:
+            return block
         return deep_getattr(self.locs, site.name), deep_getattr(self.scale_trils, site.name)
+
+    def gaussian_blocks(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """``{"<layer>.u": (loc (D, M), scale_tril (D, M, M))}``: ``q(u)`` of each layer in its
+        own parameterisation (:class:`~pyro_dgp.guides.blocks.GaussianBlocks`)."""
+        self._ensure_set_up()
+        bad = [s.name for s in self.layer_sites if self._reparameterised(s)]
+        if bad:
+            raise TypeError(f"MeanField: q(u) of {bad} is stored relative to K(Z_ref) "
+                            "(whiten_function_values=True); its Gaussian blocks are not the "
+                            "parameters: build the guide with whiten_function_values=False")
+        with torch.no_grad():
+            return {s.name: tuple(t.detach() for t in self._stored(s)) for s in self.layer_sites}
+
+    def set_gaussian_blocks(self, blocks) -> None:
+        for name, (loc, scale_tril) in blocks.items():
+            self.set_q_params(name, loc, scale_tril)
+
+    def last_block(self) -> str:
+        self._ensure_set_up()
+        return self.layer_sites[-1].name
 
     def q_params(self, site: LayerSite) -> tuple[torch.Tensor, torch.Tensor]:
         """``(loc (D, M), scale_tril (D, M, M))`` of ``q(u)`` at ``site``, in the layer's own

@@ -2,8 +2,10 @@
 
 ``S`` draws of a guide are taken in one vectorised run under
 ``pyro.plate(SAMPLE_PLATE, S, dim=-2)``, with one ``U`` per draw for all points
-(:func:`~pyro_dgp.guides.base.shared_draws`), so the ``<layer>.f`` values of a trace are one
-composition of functions per draw (sample paths). The model replayed on a guide trace
+(:func:`~pyro_dgp.guides.base.shared_draws`). The ``<layer>.f`` values are drawn by the guide's
+estimator, per point from their marginals given the draw (unbiased for predictions), or with
+``paths=True`` jointly over the points (:func:`~pyro_dgp.guides.base.sample_paths`), so that
+they are one composition of functions per draw (sample paths). The model replayed on a guide trace
 (:func:`trace_model`) gives the model's view of the same draws: its observation sites, its
 likelihood's hyperparameters.
 
@@ -21,7 +23,7 @@ from pyro.poutine.trace_struct import Trace
 from pyro.poutine.util import site_is_subsample
 
 from ..gp.sites import function_site, layer_site
-from ..guides.base import shared_draws
+from ..guides.base import sample_paths, shared_draws
 from ..likelihoods import AnalyticObservation
 from ..rng import seeded
 
@@ -93,14 +95,19 @@ def _is_set_up(guide) -> bool:
     return True
 
 
-def trace_draws(guide, args: tuple, num_samples: int, replay: Trace | None = None) -> Trace:
-    """The guide's trace of ``num_samples`` draws at ``args`` (shared draws: sample paths).
+def trace_draws(guide, args: tuple, num_samples: int, replay: Trace | None = None,
+                paths: bool = False) -> Trace:
+    """The guide's trace of ``num_samples`` draws at ``args``, each one ``U`` for all points.
 
     :param replay: a trace whose values to replay, e.g. :func:`global_draws` of an earlier
         trace, to evaluate the same draws of the global latents at other inputs.
+    :param paths: draw each layer's ``f`` jointly over the points given the draw's ``U``
+        (:func:`~pyro_dgp.guides.base.sample_paths`), rather than from the guide's
+        per-point estimator.
     """
     fn = guide if replay is None else poutine.replay(guide, trace=replay)
-    with pyro.plate(SAMPLE_PLATE, num_samples, dim=-2), shared_draws(guide):
+    draws = sample_paths(guide) if paths else shared_draws(guide)
+    with pyro.plate(SAMPLE_PLATE, num_samples, dim=-2), draws:
         return poutine.trace(fn).get_trace(*args)
 
 

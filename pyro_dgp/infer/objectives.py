@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from pyro.infer import ELBO, RenyiELBO, Trace_ELBO, TraceMeanField_ELBO
 
+from ..errors import user_errors_first
 from ..rng import seeded
 from ..validation import check_inputs, check_positive_int, check_targets
 from .elbo import AnalyticKL_ELBO
@@ -86,6 +87,7 @@ class ELBOEstimate:
         return self.value
 
 
+@user_errors_first
 def evaluate_elbo(model, guide, X: torch.Tensor, y: torch.Tensor, num_particles: int = 16,
                   objective="auto", seed: int | None = 0) -> ELBOEstimate:
     """The ELBO of ``guide`` on the data ``(X (N, D), y (N,))`` at the current parameters.

@@ -14,11 +14,15 @@ import torch
 from pyro.infer.util import is_validation_enabled
 from tqdm.auto import tqdm
 
+from ..errors import user_errors_first
 from ..linalg import CholeskyError
 from ..validation import check_inputs, check_positive_int, check_targets
 from .checkpoint import atomic_save, rng_state, safe_load, set_rng_state
 from .draws import check_guide_of
+from .minibatch import check_minibatch_scale
+from .natgrad import NaturalGradient
 from .objectives import evaluate_elbo, make_objective
+from .threads import num_threads, step_work, threads_for
 
 __all__ = ["FitResult", "TrainingDivergedError", "fit", "make_objective", "make_optimizer"]
 
@@ -102,11 +106,6 @@ def _check_arguments(model, X, y, num_steps, batch_size, lr, lr_decay, checkpoin
         raise ValueError(f"lr_decay must be in (0, 1], got {lr_decay}")
     check_positive_int(checkpoint_every, "checkpoint_every")
     B = N if batch_size is None else min(batch_size, N)
-    if B < N and not hasattr(model, "num_data"):
-        raise ValueError(
-            "minibatching needs a model with a num_data attribute that scales its "
-            "likelihood (pyro.plate subsampling); pass batch_size=None for full batches"
-        )
     if hasattr(model, "num_data"):
         model.num_data = N
     if y.dtype != X.dtype or y.device != X.device:
@@ -128,13 +127,14 @@ class _Training:
     """The state of one call of :func:`fit`: optimiser, random streams, checkpoint file."""
 
     def __init__(self, model, guide, elbo, X, y, B, opt, params, generator, lr, lr_decay,
-                 num_steps, path):
+                 num_steps, path, natural: NaturalGradient | None = None):
         self.model, self.guide, self.elbo, self.X, self.y, self.B = model, guide, elbo, X, y, B
         self.opt, self.params, self.generator = opt, params, generator
         self.lr, self.lr_decay, self.num_steps, self.path = lr, lr_decay, num_steps, path
         self.result = FitResult(num_steps=num_steps)
         self.start, self.seconds_before, self.t0 = 0, 0.0, time.perf_counter()
         self.last_good = None
+        self.natural = natural
 
     def resume(self) -> None:
         """Continue from the checkpoint, if it exists (parameters, moments, streams, losses)."""
@@ -190,6 +190,9 @@ class _Training:
         # change between steps, X and y were checked, and a NaN loss is caught by the caller.
         try:
             with pyro.validation_enabled(is_validation_enabled() and step == self.start):
+                if self.natural is not None:
+                    return self.natural.loss_and_grads(
+                        lambda: self.elbo.differentiable_loss(self.model, self.guide, *args)), None
                 if hasattr(self.elbo, "differentiable_loss"):
                     loss_t = self.elbo.differentiable_loss(self.model, self.guide, *args)
                     loss_t.backward()
@@ -226,6 +229,8 @@ class _Training:
         with torch.no_grad():
             for p, good in zip(self.params, self.last_good, strict=True):
                 good.copy_(p)
+        if self.natural is not None:
+            self.natural.step()
         self.opt.step()
         self.result.losses.append(loss)
         return loss
@@ -262,6 +267,7 @@ class _Training:
         return self.result
 
 
+@user_errors_first
 def fit(
     model, guide, X: torch.Tensor, y: torch.Tensor, *,
     num_steps: int = 1000,
@@ -277,12 +283,16 @@ def fit(
     optimizer: type[torch.optim.Optimizer] = torch.optim.Adam,
     lr_decay: float = 1.0,
     final_elbo_particles: int = 8,
+    threads: int | None = None,
+    natural_gradient=None,
 ) -> FitResult:
     """Train ``guide`` (and the model's hyperparameters) by SVI.
 
     :param X: ``(N, D)`` inputs; :param y: ``(N,)`` targets, on the model's device and dtype.
-    :param batch_size: minibatch size B (``None``: full batch); the likelihood is scaled by
-        ``N / B`` through the model's ``num_data``.
+    :param batch_size: minibatch size B (``None``, or ``>= N``: full batch); the likelihood
+        must be scaled by ``N / B``: a :class:`~pyro_dgp.DeepGP` does it through its
+        ``num_data``, a hand-written model through its data plate
+        (:mod:`pyro_dgp.infer.minibatch`; a model that does not is warned about).
     :param objective: a Pyro ELBO or a name (:func:`make_objective`).
     :param seed: seeds Pyro/torch/numpy and the minibatch stream (``None``: leave as is).
     :param checkpoint: file written every ``checkpoint_every`` steps, at the end, on
@@ -294,11 +304,33 @@ def fit(
         function of the step only, so a resumed run follows the same schedule.
     :param final_elbo_particles: draws of ``FitResult.final_elbo`` (0: not evaluated), from
         their own seeded stream: the global random state stays as training left it.
+    :param natural_gradient: ``None`` (Adam on everything), or the step size ``gamma`` (a
+        float in ``(0, 1]`` or a schedule ``step -> gamma``, e.g.
+        :func:`~pyro_dgp.infer.natgrad.warmup_gamma`) of natural-gradient steps on the
+        guide's Gaussian ``q(u)`` (:mod:`pyro_dgp.infer.natgrad`), the optimiser then
+        training the rest. A resumed run restarts the schedule at the resumed step.
+    :param threads: torch's intra-op threads during the fit (restored after); ``None``: on
+        CPU by the problem's size (:func:`pyro_dgp.infer.threads.threads_for`: one thread for
+        small problems, where more only spin), on other devices as is.
     :raises TrainingDivergedError: on a NaN/inf loss or a Cholesky failure (parameters gone
         non-finite), after restoring the last good parameters and writing the checkpoint.
     """
     N, B = _check_arguments(model, X, y, num_steps, batch_size, lr, lr_decay, checkpoint_every)
     check_guide_of(model, guide, "fit")
+    if threads is None and X.device.type == "cpu":
+        threads = threads_for(step_work(model, B, num_particles))
+    with num_threads(threads):
+        return _fit(model, guide, X, y, N, B, num_steps=num_steps, lr=lr, objective=objective,
+                    num_particles=num_particles, seed=seed, progress=progress,
+                    checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume,
+                    optimizer=optimizer, lr_decay=lr_decay,
+                    final_elbo_particles=final_elbo_particles, natural_gradient=natural_gradient)
+
+
+def _fit(model, guide, X, y, N, B, *, num_steps, lr, objective, num_particles, seed, progress,
+         checkpoint, checkpoint_every, resume, optimizer, lr_decay, final_elbo_particles,
+         natural_gradient):
+    """:func:`fit` after its checks, with its thread count set."""
     if seed is not None:
         pyro.set_rng_seed(seed)
     # the minibatch stream: from the seed, else from torch's global stream (as is)
@@ -307,13 +339,18 @@ def fit(
     elbo = make_objective(objective, guide, num_particles)
     with torch.no_grad():
         guide(X[:B], y[:B])  # creates lazily-built variational parameters
+    if B < N:
+        check_minibatch_scale(model, guide, X[:B], y[:B], N)
     params = _parameters(model, guide)
     opt = make_optimizer(optimizer, params, lr)
     path = Path(checkpoint) if checkpoint is not None else None
+    natural = None if natural_gradient is None else NaturalGradient(guide, natural_gradient)
     training = _Training(model, guide, elbo, X, y, B, opt, params, generator, lr, lr_decay,
-                         num_steps, path)
+                         num_steps, path, natural)
     if resume:
         training.resume()
+        if natural is not None:
+            natural.num_steps = training.start
     result = training.run(progress, checkpoint_every)
     if final_elbo_particles:
         estimate = evaluate_elbo(model, guide, X, y, final_elbo_particles, "auto",

@@ -9,6 +9,11 @@ Student-t, Gauss-Hermite otherwise. Where that Gaussian is ``p(f | u, f_prev)`` 
 own draw (guides whose runs are importance weights, ``per_draw_weights``), inside
 :func:`~pyro_dgp.likelihoods.marginal.importance_weights` it scores
 ``log int p(y | f) N(f; loc, var) df = log p(y | draw)`` instead (see :class:`AnalyticObservation`).
+
+The protocol (``docs/likelihoods.md``): a subclass must define :meth:`Likelihood.conditional`,
+the distribution ``p(y | f)``; everything else has a default built on it: Gauss-Hermite for
+the expectations and the predictive moments, and draws ``f ~ N(loc, var)``, ``y ~ p(y | f)``
+(:meth:`Likelihood.predictive_sample`) for what has no closed form.
 """
 
 from __future__ import annotations
@@ -106,7 +111,7 @@ class AnalyticObservation(dist.TorchDistribution):
                 f = dist.Normal(self.loc, self.var.sqrt()).sample(sample_shape)
             else:
                 f = self.f.expand(torch.Size(sample_shape) + self.f.shape)
-            return self.likelihood.conditional(f).sample()
+            return self.likelihood.distribution(f).sample()
 
 
 class Likelihood(PyroModule):
@@ -116,8 +121,12 @@ class Likelihood(PyroModule):
     Pyro's param store); assigned to a model it is renamed ``<model>.likelihood``.
     """
 
-    #: whether y must be 0/1
+    #: whether y must be 0/1: the predictive of a mixture is then Bernoulli(mean), with
+    #: closed-form CRPS (the Brier score), CDF and quantiles
     binary = False
+    #: whether ``int p(y | f) N(f; loc, var) df`` is the normal with
+    #: :meth:`predictive_moments`: the mixture's CRPS, CDF and quantiles are then closed form
+    gaussian_predictive = False
 
     def __init__(self, num_gh_points: int = 20):
         super().__init__(name=unique_name(type(self).__name__))
@@ -127,8 +136,20 @@ class Likelihood(PyroModule):
             num_gh_points, f"{type(self).__name__}: num_gh_points")
 
     def conditional(self, f: torch.Tensor) -> dist.Distribution:
-        """``p(y | f)`` for ``f`` of shape ``(..., N)``."""
-        raise NotImplementedError
+        """``p(y | f)`` for ``f`` of shape ``(..., N)``: a distribution of batch shape
+        ``f.shape`` (broadcast with the hyperparameters) and event shape ``()``. The one
+        member a subclass must define."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not define conditional(f): a Likelihood subclass must "
+            "return the distribution p(y | f) for f of shape (..., N) (docs/likelihoods.md)")
+
+    def distribution(self, f: torch.Tensor) -> dist.Distribution:
+        """:meth:`conditional` at ``f``, checked to be a torch distribution."""
+        p = self.conditional(f)
+        if not isinstance(p, torch.distributions.Distribution):
+            raise TypeError(f"{type(self).__name__}.conditional(f) must return a torch "
+                            f"Distribution p(y | f), got {type(p).__name__}")
+        return p
 
     def hyperparameters(self) -> dict[str, torch.Tensor]:
         """``{name: value}`` of this module's ``PyroParam`` and ``PyroSample`` attributes, as
@@ -153,12 +174,49 @@ class Likelihood(PyroModule):
     def expected_log_prob(self, y, loc, var):
         """``E_{N(f; loc, var)} log p(y | f)``, Gauss-Hermite; shapes ``(..., N)``."""
         f, log_w = gauss_hermite(loc, var, self.num_gh_points)
-        return (log_w.exp() * self.conditional(f).log_prob(y)).sum(0)
+        return (log_w.exp() * self.distribution(f).log_prob(y)).sum(0)
 
     def predictive_log_prob(self, y, loc, var):
         """``log int p(y | f) N(f; loc, var) df``, Gauss-Hermite; shapes ``(..., N)``."""
         f, log_w = gauss_hermite(loc, var, self.num_gh_points)
-        return torch.logsumexp(log_w + self.conditional(f).log_prob(y), dim=0)
+        return torch.logsumexp(log_w + self.distribution(f).log_prob(y), dim=0)
+
+    def predictive_moments(self, loc, var):
+        """Mean and variance of ``y`` under ``int p(y | f) N(f; loc, var) df``; shapes
+        ``(..., N)``.
+
+        By the laws of total expectation and variance, ``E y = E_f m(f)`` and ``Var y =
+        E_f [v(f) + (m(f) - E y)^2]`` with ``m``, ``v`` the mean and variance of
+        :meth:`conditional`, each by Gauss-Hermite (exact where ``v`` and ``m^2`` are polynomials
+        in ``f`` of degree at most ``2 num_gh_points - 1``, as for a Gaussian). Raises
+        ``NotImplementedError`` where ``p(y | f)`` has no ``mean`` or ``variance``; the
+        predictive mixture then estimates them from :meth:`predictive_sample`."""
+        f, log_w = gauss_hermite(loc, var, self.num_gh_points)
+        p = self.distribution(f)
+        try:
+            m, v = p.mean, p.variance
+        except NotImplementedError as err:
+            raise NotImplementedError(
+                f"{type(self).__name__}: conditional(f) ({type(p).__name__}) has no mean or "
+                "variance; define predictive_moments(loc, var)") from err
+        w = log_w.exp()
+        mean = (w * m).sum(0)
+        return mean, (w * (v + (m - mean).square())).sum(0)
+
+    def predictive_sample(self, loc, var, num_samples: int) -> torch.Tensor:
+        """``(num_samples, *loc.shape)`` draws of ``y`` from ``int p(y | f) N(f; loc, var)
+        df``: ``f = loc + sqrt(var) eps``, ``eps ~ N(0, 1)``, then ``y ~ p(y | f)``, from
+        torch's global random state (seed it with :func:`pyro_dgp.rng.seeded`). In ``loc``'s
+        dtype and on its device."""
+        eps = torch.randn((num_samples, *loc.shape), dtype=loc.dtype, device=loc.device)
+        f = loc + var.clamp_min(0).sqrt() * eps  # var >= 0 up to rounding, as gauss_hermite
+        y = self.distribution(f).sample()
+        if y.shape != f.shape:
+            raise ValueError(
+                f"{type(self).__name__}.conditional(f) must draw one y per f (batch shape "
+                f"f.shape, event shape ()); f has shape {tuple(f.shape)}, the draw "
+                f"{tuple(y.shape)}")
+        return y.to(loc.dtype)
 
     def forward(self, f: torch.Tensor, y: torch.Tensor | None = None, name: str = "y"):
         """Emit the observation site ``name`` inside the caller's data plate.
@@ -183,5 +241,5 @@ class Likelihood(PyroModule):
             integrated = source.given_draw and importance_weighting()
             fn = AnalyticObservation(self, loc, var, f=f.squeeze(-1), integrated=integrated)
         else:
-            fn = self.conditional(f.squeeze(-1))
+            fn = self.distribution(f.squeeze(-1))
         return pyro.sample(name, fn, obs=y)

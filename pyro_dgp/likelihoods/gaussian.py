@@ -17,7 +17,10 @@ __all__ = ["Gaussian"]
 class Gaussian(Likelihood):
     """``y ~ N(f, variance)``; ``variance`` is a positive ``PyroParam`` (init 0.01): a number
     (torch's default dtype) or a one-element floating-point tensor (its own dtype and
-    device)."""
+    device). Its predictive is the normal ``N(loc, var + variance)``
+    (``gaussian_predictive``)."""
+
+    gaussian_predictive = True
 
     def __init__(self, variance: float = 0.01):
         super().__init__()

@@ -21,6 +21,9 @@ class BernoulliProbit(Likelihood):
     which nodes spaced in proportion to the latent standard deviation resolve less well
     (``tests/test_likelihoods.py`` measures it at variances 10 and 100). Raise
     ``num_gh_points`` where the last layer's variance is large.
+
+    ``binary``: a predictive mixture of it is Bernoulli with ``p(y = 1)`` its mean, whose CRPS
+    is the Brier score.
     """
 
     binary = True

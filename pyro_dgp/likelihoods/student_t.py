@@ -136,7 +136,8 @@ class StudentT(Likelihood):
     trapezoid rule in a log variable (see :func:`_t_predictive_grid`, :func:`_t_expected_grid`),
     accurate for every ``var >= 0`` (at ``var = 0`` they are ``log t(y | loc)``): Gauss-Hermite
     in ``f`` cannot resolve the t density, a spike of width ``scale`` at ``f = y``, when
-    ``sd(f) >> scale``."""
+    ``sd(f) >> scale``. The predictive has no closed-form CDF: a mixture's CRPS and quantiles
+    are estimated from :meth:`~pyro_dgp.likelihoods.Likelihood.predictive_sample`."""
 
     def __init__(self, df: float = 4.0, scale: float = 0.1):
         super().__init__()

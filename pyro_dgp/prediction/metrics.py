@@ -36,12 +36,15 @@ def rmse(pred: MixturePredictive, y: torch.Tensor) -> float:
 
 
 def crps(pred: MixturePredictive, y: torch.Tensor) -> float:
-    """Mean closed-form CRPS."""
+    """Mean CRPS (:meth:`MixturePredictive.crps`): closed form for a Gaussian or binary
+    likelihood, else an unbiased estimate from the predictive's seeded draws."""
     return float(pred.crps(y).mean())  # it checks y's shape
 
 
 def coverage(pred: MixturePredictive, y: torch.Tensor, level: float = 0.95) -> float:
-    """Fraction of ``y`` inside the central ``level`` predictive interval."""
+    """Fraction of ``y`` inside the central ``level`` predictive interval (its ends from
+    :meth:`MixturePredictive.quantiles`: exact for a Gaussian or binary likelihood, else
+    quantiles of the predictive's seeded draws)."""
     if not 0 < level < 1:
         raise ValueError(f"level must lie in (0, 1), got {level}")
     y = _targets(pred, y)

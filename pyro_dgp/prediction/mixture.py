@@ -1,6 +1,7 @@
 """The predictive distribution of a deep GP: a uniform mixture over ``S`` guide draws, each
 the likelihood integrated against the last layer's Gaussian of that draw (Salimbeni and
-Deisenroth 2017), with its closed-form CRPS for a Gaussian likelihood (Grimit et al. 2006)."""
+Deisenroth 2017), with its closed-form CRPS for a Gaussian likelihood (Grimit et al. 2006) or
+a binary one (the Brier score), and estimates from seeded draws for any other likelihood."""
 
 from __future__ import annotations
 
@@ -9,10 +10,15 @@ import math
 import torch
 from torch.special import ndtr
 
-from ..likelihoods import Gaussian, Likelihood
-from ..validation import check_positive_finite
+from ..likelihoods import Likelihood
+from ..rng import seeded
+from ..validation import binary_labels, check_positive_finite, check_positive_int
+from .sampled import sample_cdf, sample_crps, sample_moments, sample_quantiles
 
 __all__ = ["MixturePredictive", "check_units", "gaussian_mixture_crps"]
+
+#: entries of ``y`` drawn per block of points (``K S n``): 32 MiB of float64 draws
+_DRAW_BLOCK = 2**22
 
 
 def _crps_A(mu: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
@@ -51,8 +57,16 @@ def check_units(y_mean, y_std, where: str) -> tuple[float, float]:
     return float(y_mean), check_positive_finite(y_std, f"{where}: y_std")
 
 
+
 class MixturePredictive:
     """``p(y* | x*) = (1/S) sum_s int p(y* | f) N(f; loc_s, var_s) df`` per test point.
+
+    Closed forms where the likelihood has them (``docs/likelihoods.md``): the log-density
+    (``predictive_log_prob``), mean and variance (``predictive_moments``), and the CRPS, CDF and
+    quantiles of a Gaussian (``gaussian_predictive``) or binary (``binary``) predictive. Else
+    they are estimated from draws of ``y`` (``predictive_sample``): ``K = max(2, ceil(mc_samples
+    / S))`` per component and point, from the seed ``mc_seed``, so each estimate is the same at
+    every call and torch's global random state is left as it was (see :mod:`.sampled`).
 
     :param loc, var: ``(S, N)`` last-layer marginals of the S guide draws (model units),
         ``S >= 1``, ``var >= 0``.
@@ -60,10 +74,16 @@ class MixturePredictive:
     :param y_mean, y_std: affine map from model units to reporting units (``y = y_mean +
         y_std * y_model``); densities are divided by ``y_std`` accordingly. ``y_mean`` finite,
         ``y_std`` positive and finite.
+    :param hyperparameters: the likelihood's values per draw (each broadcasting against
+        ``(S, N)``), as :func:`~pyro_dgp.predict` records them.
+    :param mc_samples: draws per point for the estimates (default 1000; their standard error
+        falls as ``mc_samples^{-1/2}``).
+    :param mc_seed: seed of those draws; ``None`` draws from the global random state.
     """
 
     def __init__(self, loc, var, likelihood: Likelihood, y_mean=0.0, y_std=1.0,
-                 hyperparameters: dict[str, torch.Tensor] | None = None):
+                 hyperparameters: dict[str, torch.Tensor] | None = None,
+                 mc_samples: int = 1000, mc_seed: int | None = 0):
         if loc.shape != var.shape or loc.dim() != 2:
             raise ValueError(f"loc and var must both be (S, N), got {loc.shape} and {var.shape}")
         if loc.shape[0] == 0:
@@ -75,6 +95,9 @@ class MixturePredictive:
         self.loc, self.var, self.likelihood = loc, var, likelihood
         self.y_mean, self.y_std = check_units(y_mean, y_std, "MixturePredictive")
         self.hyperparameters = hyperparameters or {}
+        self.mc_samples = check_positive_int(mc_samples, "MixturePredictive: mc_samples")
+        self.mc_seed = (None if mc_seed is None else
+                        check_positive_int(mc_seed, "MixturePredictive: mc_seed", allow_zero=True))
 
     def _fixed(self):
         """The likelihood evaluated at the draws' own hyperparameters (Bayesian noise: one per
@@ -85,26 +108,63 @@ class MixturePredictive:
     def num_samples(self) -> int:
         return self.loc.shape[0]
 
+    @property
+    def draws_per_component(self) -> int:
+        """``K``: draws of ``y`` per component and point for the sampled estimates."""
+        return max(2, math.ceil(self.mc_samples / self.num_samples))
+
     def rescale(self, y_mean: float, y_std: float) -> MixturePredictive:
         """The same predictive reported in units ``y = y_mean + y_std * y_model``."""
         return MixturePredictive(self.loc, self.var, self.likelihood, y_mean, y_std,
-                                 self.hyperparameters)
+                                 self.hyperparameters, self.mc_samples, self.mc_seed)
+
+    def _model_moments(self):
+        """``(S, N)`` mean and variance of each component in model units."""
+        with torch.no_grad(), self._fixed():
+            return self.likelihood.predictive_moments(self.loc, self.var)
 
     def _component_moments(self):
-        with torch.no_grad(), self._fixed():
-            mean, var = self.likelihood.predictive_moments(self.loc, self.var)
+        mean, var = self._model_moments()
         return self.y_mean + self.y_std * mean, self.y_std**2 * var
+
+    def _over_draws(self, fn) -> torch.Tensor:
+        """``fn(draws, points)`` over blocks of points, concatenated along the last dim:
+        ``draws`` ``(K, S, n)`` of ``y`` in model units at the points ``points`` (a slice), from
+        ``mc_seed``; the likelihood's per-point hyperparameters (``(S, N)``) sliced alike."""
+        S, N = self.loc.shape
+        K = self.draws_per_component
+        step = max(1, _DRAW_BLOCK // (K * S))
+        out = []
+        with torch.no_grad(), seeded(self.mc_seed, self.loc.device):
+            for lo in range(0, N, step):
+                points = slice(lo, min(N, lo + step))
+                hyper = {k: v[..., points] if v.dim() and v.shape[-1] == N else v
+                         for k, v in self.hyperparameters.items()}
+                with self.likelihood.fixed(hyper):
+                    draws = self.likelihood.predictive_sample(self.loc[:, points],
+                                                              self.var[:, points], K)
+                out.append(fn(draws, points))
+        return torch.cat(out, -1)
+
+    def _moments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(N,)`` mean and variance in reporting units: the law of total variance over the
+        components' moments, or the draws' where the likelihood has none."""
+        try:
+            m, v = self._component_moments()
+        except NotImplementedError:
+            mean, var = self._over_draws(lambda draws, _: torch.stack(sample_moments(draws)))
+            return self.y_mean + self.y_std * mean, self.y_std**2 * var
+        return m.mean(0), v.mean(0) + m.var(0, unbiased=False)
 
     @property
     def mean(self) -> torch.Tensor:
         """``(N,)`` predictive mean."""
-        return self._component_moments()[0].mean(0)
+        return self._moments()[0]
 
     @property
     def variance(self) -> torch.Tensor:
         """``(N,)`` predictive variance (law of total variance over the mixture)."""
-        m, v = self._component_moments()
-        return v.mean(0) + m.var(0, unbiased=False)
+        return self._moments()[1]
 
     def check_targets(self, y) -> torch.Tensor:
         """``y`` as a tensor of the predictive's ``(N,)`` shape (a ``(N, 1)`` ``y`` would
@@ -125,30 +185,55 @@ class MixturePredictive:
             lp = self.likelihood.predictive_log_prob(z, self.loc, self.var)
         return torch.logsumexp(lp, 0) - math.log(self.num_samples) - math.log(self.y_std)
 
-    def _require_gaussian(self, what: str) -> None:
-        if not isinstance(self.likelihood, Gaussian):
-            raise NotImplementedError(
-                f"{what} is implemented for Gaussian mixtures (Gaussian likelihood)"
-            )
+    def _bernoulli_p(self) -> torch.Tensor:
+        """``(N,)`` ``p(y = 1)`` of a binary likelihood's mixture, a Bernoulli (model units)."""
+        return self._model_moments()[0].mean(0)
 
     def crps(self, y: torch.Tensor) -> torch.Tensor:
-        """``(N,)`` closed-form CRPS of the Gaussian mixture."""
-        self._require_gaussian("crps")
-        m, v = self._component_moments()
-        return gaussian_mixture_crps(self.check_targets(y), m, v)
+        """``(N,)`` CRPS at ``y``: closed form for a Gaussian mixture (Grimit et al. 2006) and
+        for a binary likelihood (the Brier score ``(p - 1{y = 1})^2``, labels 0/1 or -1/1);
+        otherwise the unbiased estimate from ``mc_samples`` draws
+        (:func:`~pyro_dgp.prediction.sampled.sample_crps`)."""
+        y = self.check_targets(y)
+        if self.likelihood.gaussian_predictive:
+            m, v = self._component_moments()
+            return gaussian_mixture_crps(y, m, v)
+        z = (y - self.y_mean) / self.y_std
+        if self.likelihood.binary:
+            p = self._bernoulli_p()
+            return self.y_std * (p - binary_labels(z).to(p.dtype)).square()
+        return self.y_std * self._over_draws(lambda draws, points: sample_crps(z[points], draws))
 
     def cdf(self, y: torch.Tensor) -> torch.Tensor:
-        """``(..., N)`` mixture CDF at ``y`` (broadcast against ``(N,)``)."""
-        self._require_gaussian("cdf")
-        m, v = self._component_moments()
-        return ndtr((y.unsqueeze(-2) - m) / v.sqrt()).mean(-2)
+        """``(..., N)`` mixture CDF at ``y`` (broadcast against ``(N,)``): closed form for a
+        Gaussian or binary predictive, else the empirical CDF of ``mc_samples`` draws."""
+        if self.likelihood.gaussian_predictive:
+            m, v = self._component_moments()
+            return ndtr((y.unsqueeze(-2) - m) / v.sqrt()).mean(-2)
+        z = (y - self.y_mean) / self.y_std
+        z = z.expand(*z.shape[:-1], self.loc.shape[-1])
+        if self.likelihood.binary:
+            p = self._bernoulli_p()
+            return torch.where(z < 0, 0.0, torch.where(z < 1, 1 - p, 1.0)).to(p.dtype)
+        return self._over_draws(lambda draws, points: sample_cdf(z[..., points], draws))
 
     def quantiles(self, q, iters: int = 60) -> torch.Tensor:
-        """``(Q, N)`` quantiles for probabilities ``q`` (bisection on the mixture CDF)."""
-        self._require_gaussian("quantiles")
+        """``(Q, N)`` quantiles for probabilities ``q``: bisection on a Gaussian mixture's CDF
+        (``iters`` steps), ``inf {y : F(y) >= q}`` of a binary one, else the quantiles of
+        ``mc_samples`` draws (:func:`~pyro_dgp.prediction.sampled.sample_quantiles`)."""
         q = torch.as_tensor(q, dtype=self.loc.dtype, device=self.loc.device).reshape(-1, 1)
         if not bool(((q > 0) & (q < 1)).all()):
             raise ValueError("quantile probabilities must lie in (0, 1)")
+        if self.likelihood.gaussian_predictive:
+            return self._gaussian_quantiles(q, iters)
+        if self.likelihood.binary:
+            z = (q > 1 - self._bernoulli_p()).to(q.dtype)
+        else:
+            z = self._over_draws(lambda draws, _: sample_quantiles(q.reshape(-1), draws))
+        return self.y_mean + self.y_std * z
+
+    def _gaussian_quantiles(self, q: torch.Tensor, iters: int) -> torch.Tensor:
+        """``(Q, N)``: bisection on the Gaussian mixture's CDF for ``q`` of shape ``(Q, 1)``."""
         m, v = self._component_moments()
         sd = v.sqrt()
         lo = (m - 12 * sd).min(0).values.expand(q.shape[0], -1).clone()

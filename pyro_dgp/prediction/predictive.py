@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import user_errors_first
 from ..guides.base import shared_draws
 from ..infer.draws import (
     check_guide_of,
@@ -21,6 +22,7 @@ from .mixture import MixturePredictive, check_units
 __all__ = ["predict"]
 
 
+@user_errors_first
 def predict(
     model,
     guide,
@@ -38,7 +40,8 @@ def predict(
     :param X: ``(N, D)`` test inputs.
     :param batch_size: test points per pass (memory grows with S x batch x M).
     :param y_mean, y_std: report in units ``y_mean + y_std * y_model``.
-    :param seed: draw the samples from this seed without touching the global random state.
+    :param seed: draw the samples from this seed without touching the global random state
+        (also the ``mc_seed`` of the returned predictive's sampled estimates; ``None``: 0).
     :returns: :class:`MixturePredictive` with ``.mean``, ``.variance``, ``.log_prob(y)``...
     """
     check_inputs(X)
@@ -60,8 +63,10 @@ def predict(
     hyper = {}
     if all(hypers):  # per draw and point, chunk by chunk
         hyper = {k: torch.cat([h[k] for h in hypers], -1) for k in hypers[0]}
+    # the draws behind estimates without a closed form (a custom likelihood's CRPS) follow the
+    # same seed
     return MixturePredictive(torch.cat(locs, -1), torch.cat(vars_, -1), likelihood, y_mean, y_std,
-                             hyper)
+                             hyper, mc_seed=0 if seed is None else seed)
 
 
 def _chunk_draws(model, guide, chunk: torch.Tensor, S: int, last: str | None):

@@ -1,0 +1,204 @@
+"""The commands of the ``pyro-dgp`` command line: ``demo``, ``fit``, ``evaluate``."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pyro
+import torch
+
+from .. import datasets, metrics
+from ..gp.deep_gp import DeepGP
+from ..guides.registry import make_guide
+from ..infer.checkpoint import load_fit, safe_load, save_fit
+from ..infer.threads import num_threads, step_work, threads_for
+from ..infer.training import fit
+from ..prediction import predict
+from .data import data_spec, evaluate_settings, load_data
+
+__all__ = ["cmd_demo", "cmd_evaluate", "cmd_fit", "note"]
+
+
+def note(text: str) -> None:
+    """A line on stderr for what the command did differently from what was asked."""
+    print(f"note: {text}", file=sys.stderr)
+
+
+def _scores(pred, y, classification: bool) -> dict[str, float]:
+    if classification:
+        return {"nll": metrics.nll(pred, y), "accuracy": metrics.accuracy(pred, y),
+                "auc": metrics.auc(pred, y)}
+    return metrics.regression_report(pred, y)
+
+
+def _table(rows: list[dict], columns: list[str]) -> str:
+    widths = {c: max(len(c), *(len(_fmt(r[c])) for r in rows)) for c in columns}
+    lines = ["  ".join(c.ljust(widths[c]) for c in columns)]
+    lines += ["  ".join(_fmt(r[c]).ljust(widths[c]) for c in columns) for r in rows]
+    return "\n".join(lines)
+
+
+def _fmt(v) -> str:
+    return f"{v:.4f}" if isinstance(v, float) else str(v)
+
+
+# ------------------------------------------------------------------------------------- demo
+def cmd_demo(args) -> int:
+    """Fit a GP and two-layer DGPs with two guides to the built-in step function."""
+    data = datasets.step(n_train=args.n_train, n_test=200, seed=args.seed)
+    runs = [("GP (1 layer)", 1, "meanfield"), ("DGP 2", 2, "meanfield"), ("DGP 2", 2, "automvn")]
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, preds = [], {}
+    for label, layers, guide_name in runs:
+        pyro.set_rng_seed(args.seed)
+        config = {"model": {"num_layers": layers, "num_inducing": args.num_inducing},
+                  "guide": guide_name}
+        model = DeepGP.regression(data.X_train, data.y_train, **config["model"])
+        guide = make_guide(guide_name, model)
+        t0 = time.perf_counter()
+        threads = _threads(args, model, len(data.y_train))
+        with num_threads(threads):
+            result = fit(model, guide, data.X_train, data.y_train, num_steps=args.steps,
+                         lr=0.02, seed=args.seed, progress=not args.quiet, threads=threads)
+            pred = predict(model, guide, data.X_test, num_samples=100)
+            if not args.no_plots and layers > 1:
+                _write_diagnostics(model, guide, data, out,
+                                   prefix=f"{layers}layer_{guide_name}_")
+        row = {"model": label, "guide": guide_name, **_scores(pred, data.y_test, False),
+               "elbo/N": result.final_elbo / len(data.y_train),
+               "seconds": time.perf_counter() - t0}
+        rows.append(row)
+        preds[f"{label}, {guide_name}"] = pred
+        save_fit(out / f"fit_{layers}layer_{guide_name}.pt", model, guide, config)
+    print("Step function, test set of 200 points (lower NLL/RMSE/CRPS is better):")
+    print(_table(rows, ["model", "guide", "nll", "rmse", "crps", "coverage95", "elbo/N",
+                        "seconds"]))
+    (out / "results.json").write_text(json.dumps(rows, indent=2))
+    if not args.no_plots:
+        _plot_predictions(data, preds, out / "predictions.png")
+    print(f"results, fits and plots written to {out}/")
+    return 0
+
+
+def _write_diagnostics(model, guide, data, out: Path, prefix: str) -> None:
+    """ArviZ DataTree (NetCDF) and per-layer diagnostic PNGs of one fit."""
+    from ..diagnostics import layer_summary, plot_diagnostics, save_datatree, to_datatree
+
+    grid = None
+    if data.X_train.shape[-1] == 1:
+        lo, hi = float(data.X_train.min()), float(data.X_train.max())
+        grid = torch.linspace(lo, hi, 100, dtype=data.X_train.dtype,
+                              device=data.X_train.device).unsqueeze(-1)
+    dt = to_datatree(model, guide, data.X_train, data.y_train, num_samples=100, grid=grid,
+                     seed=0)
+    save_datatree(dt, out / f"{prefix}datatree.nc")
+    plot_diagnostics(dt, out, prefix=prefix)
+    label = prefix.rstrip("_")
+    print(f"{label}: per-layer summary" if label else "per-layer summary")
+    print(layer_summary(dt).to_string())
+
+
+def _plot_predictions(data, preds, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = data.X_test.squeeze(-1).cpu()
+    order = torch.argsort(x)
+    fig, axes = plt.subplots(1, len(preds), figsize=(4 * len(preds), 3.2), sharey=True)
+    for ax, (label, pred) in zip(axes, preds.items(), strict=True):
+        lo, hi = pred.quantiles([0.025, 0.975]).cpu()
+        ax.fill_between(x[order], lo[order], hi[order], alpha=0.3, label="95% interval")
+        ax.plot(x[order], pred.mean.cpu()[order], label="mean")
+        ax.scatter(data.X_train.squeeze(-1).cpu(), data.y_train.cpu(), s=6, c="k",
+                   label="train")
+        ax.set_title(label)
+    axes[0].legend(loc="upper left", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def cmd_fit(args) -> int:
+    spec = data_spec(args.data, args.target, args.split, args.test_fraction, args.data_dir,
+                      args.device, args.dtype, args.seed)
+    data = load_data(spec, args.classification)
+    pyro.set_rng_seed(args.seed)
+    if args.inducing > data.num_train:
+        note(f"--inducing {args.inducing} is more than the {data.num_train} training points: "
+              f"using M = {data.num_train} inducing points per layer")
+    if args.batch_size >= data.num_train:
+        note(f"--batch-size {args.batch_size} covers all {data.num_train} training points: "
+              "full-batch training")
+    model_cfg = {"num_layers": args.layers, "num_inducing": min(args.inducing, data.num_train),
+                 "seed": args.seed}
+    if args.hidden_dim is not None:
+        model_cfg["hidden_dim"] = args.hidden_dim
+    if args.classification:
+        model_cfg["task"] = "classification"
+    config = {"model": model_cfg, "guide": args.guide, **spec, "seed": args.seed,
+              "samples": args.samples}
+    kwargs = {k: v for k, v in model_cfg.items() if k != "task"}
+    build = DeepGP.classification if args.classification else DeepGP.regression
+    model = build(data.X_train, data.y_train, **kwargs)
+    guide = make_guide(args.guide, model)
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint = Path(args.checkpoint) if args.checkpoint else out / "checkpoint.pt"
+    B = min(args.batch_size, data.num_train)
+    threads = _threads(args, model, B, args.particles)
+    with num_threads(threads):
+        result = fit(model, guide, data.X_train, data.y_train, num_steps=args.steps,
+                     batch_size=B, lr=args.lr, objective=args.objective,
+                     num_particles=args.particles, seed=args.seed, progress=not args.quiet,
+                     checkpoint=checkpoint, resume=args.resume, threads=threads)
+        save_fit(out / "fit.pt", model, guide, config)
+        scores = _evaluate(model, guide, data, args.samples, args.classification, args.seed)
+    scores.update({"final_elbo": result.final_elbo, "seconds": result.seconds})
+    (out / "metrics.json").write_text(json.dumps(scores, indent=2))
+    print(json.dumps(scores, indent=2))
+    print(f"wrote the fit to {out / 'fit.pt'}, its test scores to {out / 'metrics.json'} and "
+          f"the checkpoint to {checkpoint} (pyro-dgp evaluate {out / 'fit.pt'} scores it again)")
+    return 0
+
+
+def _threads(args, model, batch_size: int, particles: int = 1) -> int | None:
+    """``--threads``, else by the problem's size on CPU
+    (:func:`pyro_dgp.infer.threads.threads_for`), else as is."""
+    if args.threads is not None:
+        return args.threads
+    if next(model.parameters()).device.type != "cpu":
+        return None
+    return threads_for(step_work(model, batch_size, particles))
+
+
+def _evaluate(model, guide, data, num_samples, classification, seed=0) -> dict:
+    pred = predict(model, guide, data.X_test, num_samples=num_samples, seed=seed)
+    if not classification:
+        pred = pred.rescale(data.y_mean, data.y_std)
+        y = data.y_mean + data.y_std * data.y_test
+    else:
+        y = data.y_test
+    return _scores(pred, y, classification)
+
+
+def cmd_evaluate(args) -> int:
+    cfg = safe_load(args.fit, map_location="cpu")["config"]
+    spec, seed, samples = evaluate_settings(args, cfg)
+    classification = cfg["model"].get("task") == "classification"
+    data = load_data(spec, classification)
+    model, guide, cfg = load_fit(args.fit, data.X_train, data.y_train)
+    # a prediction pass is S x (up to 1024) points
+    with num_threads(_threads(args, model, samples * min(1024, len(data.y_test)))):
+        scores = _evaluate(model, guide, data, samples, classification, seed)
+        print(json.dumps(scores, indent=2))
+        if args.plots:
+            out = Path(args.plots)
+            out.mkdir(parents=True, exist_ok=True)
+            _write_diagnostics(model, guide, data, out, prefix="")
+    return 0

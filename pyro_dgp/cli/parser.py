@@ -1,0 +1,146 @@
+"""The argument parser of the ``pyro-dgp`` command line."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..guides.registry import GUIDES
+from .commands import cmd_demo, cmd_evaluate, cmd_fit
+from .data import DEFAULT_TEST_FRACTION, DTYPES
+
+__all__ = ["build_parser"]
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default after its help, unless the help already says it or there
+    is none to show (``None``: the help says what happens)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pyro-dgp", description="Deep Gaussian processes on Pyro",
+                                formatter_class=_HelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    _add_demo(sub)
+    _add_fit(sub)
+    _add_evaluate(sub)
+    return p
+
+
+def _add_demo(sub) -> None:
+    d = sub.add_parser("demo", help="fit GP and DGP models with two guides on built-in data",
+                       formatter_class=_HelpFormatter)
+    d.add_argument("--steps", type=_positive_int, default=1500, help="SVI steps per model")
+    d.add_argument("--n-train", type=_positive_int, default=100,
+                   help="training points of the step function")
+    d.add_argument("--num-inducing", type=_positive_int, default=20,
+                   help="inducing points M per layer")
+    d.add_argument("--seed", type=int, default=0, help="seed of data, initialisation, training")
+    d.add_argument("--output", default="out/demo", help="folder for results, fits, plots")
+    d.add_argument("--no-plots", action="store_true", help="write no PNG plots")
+    d.add_argument("--quiet", action="store_true", help="no progress bars")
+    _threads_arg(d)
+    d.set_defaults(func=cmd_demo)
+
+
+def _data_args(q, for_fit: bool) -> None:
+    """The options that say which data a fit is of (saved with the fit; ``evaluate`` reads
+    them from it unless given)."""
+    saved = "" if for_fit else " (default: the fit's)"
+    q.add_argument("--data", required=for_fit,
+                   help="a UCI name (boston, energy, ...), a built-in set, or a CSV path"
+                        + saved)
+    q.add_argument("--target",
+                   help="target column of a CSV file (required for CSV, an error for "
+                        "named sets, whose target is fixed)" + saved)
+    q.add_argument("--split", type=int, default=None,
+                   help="which train/test split: for a UCI set the index of the standard "
+                        "split (default 0), for a built-in set its seed, for a CSV file "
+                        "the seed of its random split (default: --seed)" + saved)
+    q.add_argument("--test-fraction", type=float, default=None,
+                   help="CSV files only: fraction of rows held out for testing (default "
+                        f"{DEFAULT_TEST_FRACTION})" + saved)
+    q.add_argument("--data-dir",
+                   help="folder with uci/ (default: $PYRO_DGP_DATA, cache)" + saved)
+    q.add_argument("--device", default="cpu" if for_fit else None,
+                   help="torch device (default cpu)" + saved)
+    q.add_argument("--dtype", choices=sorted(DTYPES),
+                   default="float64" if for_fit else None,
+                   help="floating-point type (default float64)" + saved)
+    q.add_argument("--samples", type=_positive_int, default=100 if for_fit else None,
+                   help="predictive samples S (default 100)" + saved)
+    q.add_argument("--seed", type=int, default=0 if for_fit else None,
+                   help="seed of initialisation, training and prediction (default 0)"
+                        + saved)
+
+
+def _add_fit(sub) -> None:
+    f = sub.add_parser("fit", help="fit a DGP to a UCI set or a CSV file",
+                       formatter_class=_HelpFormatter)
+    _data_args(f, for_fit=True)
+    f.add_argument("--layers", type=_positive_int, default=2, help="GP layers")
+    f.add_argument("--hidden-dim", type=_positive_int,
+                   help="width of the inner layers (default: min(30, input dims))")
+    f.add_argument("--inducing", type=_positive_int, default=100,
+                   help="inducing points M per layer (at most the training points)")
+    f.add_argument("--guide", choices=sorted(GUIDES), default="meanfield",
+                   help="variational family")
+    f.add_argument("--objective", choices=["auto", "elbo", "meanfield", "renyi"],
+                   default="auto",
+                   help="auto: the analytic-KL ELBO where the guide factorises like the "
+                        "model, else Trace_ELBO; renyi: RenyiELBO(alpha=0.5), with a guide "
+                        "that samples u (meanfield-sampled or an auto* guide)")
+    f.add_argument("--particles", type=_positive_int, default=1,
+                   help="samples of the objective per step")
+    f.add_argument("--steps", type=_positive_int, default=20000, help="SVI steps")
+    f.add_argument("--batch-size", type=_positive_int, default=10000,
+                   help="minibatch size B (B >= training points: full batch)")
+    f.add_argument("--lr", type=_positive_float, default=0.01, help="Adam's learning rate")
+    f.add_argument("--classification", action="store_true",
+                   help="binary labels, probit likelihood")
+    f.add_argument("--checkpoint", help="checkpoint file (default OUTPUT/checkpoint.pt)")
+    f.add_argument("--resume", action="store_true", help="continue from the checkpoint")
+    f.add_argument("--output", default="out/fit",
+                   help="folder for fit.pt, metrics.json and the checkpoint")
+    f.add_argument("--quiet", action="store_true", help="no progress bar")
+    _threads_arg(f)
+    f.set_defaults(func=cmd_fit)
+
+
+def _add_evaluate(sub) -> None:
+    e = sub.add_parser(
+        "evaluate", help="score a saved fit on its test split", formatter_class=_HelpFormatter,
+        description="Score a saved fit on the test split it was fitted with. The data set, "
+                    "split, dtype, device, seed and number of samples are read from the fit; "
+                    "an argument given here overrides the saved value.")
+    e.add_argument("fit", help="fit.pt written by 'pyro-dgp fit'")
+    _data_args(e, for_fit=False)
+    e.add_argument("--plots", metavar="DIR",
+                   help="also write the ArviZ DataTree and per-layer diagnostic PNGs here")
+    _threads_arg(e)
+    e.set_defaults(func=cmd_evaluate)
+
+
+def _threads_arg(q) -> None:
+    q.add_argument("--threads", type=_positive_int, default=None,
+                   help="torch threads (default: one for small problems, where more only "
+                        "spin; one more per 3e8 multiply-adds per step, up to the cores)")

@@ -1,0 +1,68 @@
+"""How many threads torch uses for a fit: one for small problems, where extra threads spin.
+
+torch's intra-op threads pay a fork/join and a spin-wait on every operation. A deep GP step is
+hundreds of small operations on ``(B, M)`` and ``(M, M)`` matrices, and on a machine whose
+cores are busy with other processes each wait can cost a time slice. Measured on 2 cores
+(``benchmarks/results/threads.jsonl``, a 2-layer model with 8 hidden units, float64), one
+step with 1 thread against 2:
+
+- ``M = 128, B = 1024`` (``1.5e8`` multiply-adds, :func:`step_work`): 60 against 46 ms on a
+  quiet machine, but 180 against 1173 ms on a busy one;
+- ``M = 50, B = 4096`` (``9.2e7``): 61 against 1064 ms busy;
+- ``M = 128, B = 4096`` (``6.0e8``): 214 against 136 ms quiet, 287 against 178 ms busy.
+
+So below :data:`PARALLEL_WORK` multiply-adds per step :func:`threads_for` picks one thread (at
+most 1.3 times slower on a quiet machine, where two could be 17 times slower on a busy one),
+and one more per further ``PARALLEL_WORK``, up to the cores this process may run on. The
+choice depends on the problem's size and the machine only, so a seeded run is reproducible on
+that machine (the thread count changes the order of floating-point sums).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import torch
+
+from ..state import global_setting
+
+__all__ = ["PARALLEL_WORK", "available_cores", "num_threads", "step_work", "threads_for"]
+
+#: multiply-adds per step from which a fit uses a second thread (and one more per multiple)
+PARALLEL_WORK = 3e8
+
+
+def available_cores() -> int:
+    """The number of cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def step_work(model, batch_size: int, num_particles: int = 1) -> float:
+    """Multiply-adds of the conditionals of one step, ``P B sum_l D_l M_l^2`` over the GP
+    layers of ``model`` (modules with ``output_dim`` and ``num_inducing``): the ``M x M``
+    quadratic forms per point and output that dominate a step."""
+    modules = model.modules() if isinstance(model, torch.nn.Module) else ()
+    per_point = sum(m.output_dim * m.num_inducing**2 for m in modules
+                    if hasattr(m, "num_inducing") and hasattr(m, "output_dim"))
+    return float(num_particles * batch_size * per_point)
+
+
+def threads_for(work: float) -> int:
+    """Threads for a step of ``work`` multiply-adds (module docstring)."""
+    return int(min(available_cores(), 1 + work // PARALLEL_WORK))
+
+
+@contextlib.contextmanager
+def num_threads(n: int | None) -> Iterator[None]:
+    """``torch.set_num_threads(n)`` within the block, restored after; ``None``: as is."""
+    if n is None:
+        yield
+        return
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"threads must be a positive integer, got {n!r}")
+    with global_setting(torch.get_num_threads, torch.set_num_threads, n):
+        yield
