@@ -160,8 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="numbers of GP layers to run (1 = SGP)")
     p.add_argument("--guide", default="meanfield", choices=sorted(GUIDES),
                    help="variational family (pyro_dgp.guides.registry)")
-    p.add_argument("--objective", default="auto", choices=["auto", "elbo", "meanfield", "renyi"],
-                   help="SVI objective (pyro_dgp.training.make_objective)")
+    p.add_argument("--objective", default="auto",
+                   choices=["auto", "elbo", "meanfield", "renyi", "alpha"],
+                   help="SVI objective (pyro_dgp.infer.objectives.make_objective); alpha: the "
+                   "local alpha-divergence objective with --alpha and --alpha-samples")
+    p.add_argument("--alpha", type=float, default=0.5, help="alpha of --objective alpha")
+    p.add_argument("--alpha-samples", type=int, default=10,
+                   help="draws per point S of --objective alpha")
     p.add_argument("--particles", type=int, default=PROTOCOL["particles"],
                    help="training samples per step")
     p.add_argument("--splits", nargs="+", default=["all"],
@@ -255,7 +260,7 @@ def _run_key(rec: dict) -> tuple:
             + tuple(settings.get(k) for k in _SETTING_FIELDS))
 
 
-def _read_records(path: Path) -> list[dict]:
+def read_records(path: Path) -> list[dict]:
     records = []
     if path.exists():
         with path.open() as fh:
@@ -284,9 +289,17 @@ def _append_record(path: Path, rec: dict) -> None:
         os.fsync(fh.fileno())
 
 
+def objective_label(args) -> str:
+    """The objective as the records name it: ``alpha=<a>,S=<S>`` for the local alpha
+    objective (each alpha its own configuration), else its name."""
+    if args.objective == "alpha":
+        return f"alpha={args.alpha:g},S={args.alpha_samples}"
+    return args.objective
+
+
 def _tag(args, short: str, layers: int, split: int) -> str:
     """A run's checkpoint name: every setting that changes what it computes."""
-    return (f"{short}_L{layers}_{args.guide}_{args.objective}_s{split}_T{args.steps}"
+    return (f"{short}_L{layers}_{args.guide}_{objective_label(args)}_s{split}_T{args.steps}"
             f"_B{args.batch_size}_M{args.inducing}_H{args.hidden_dim}_P{args.particles}"
             f"_lr{args.lr:g}_seed{args.seed}_{args.init}")
 
@@ -316,7 +329,8 @@ def _run_one(args, short: str, split: int, layers: int, ckpt_dir: Path) -> tuple
     t0 = time.perf_counter()
     try:
         result = fit(model, guide, data.X_train, data.y_train, num_steps=args.steps,
-                     batch_size=B, lr=args.lr, objective=args.objective,
+                     batch_size=B, lr=args.lr, objective=args.objective, alpha=args.alpha,
+                     num_samples=args.alpha_samples,
                      num_particles=args.particles, seed=seed, progress=not args.quiet,
                      checkpoint=ckpt, checkpoint_every=args.checkpoint_every, resume=True,
                      lr_decay=init["lr_decay"])
@@ -341,7 +355,7 @@ def _run_one(args, short: str, split: int, layers: int, ckpt_dir: Path) -> tuple
         "dataset": short,
         "layers": layers,
         "guide": args.guide,
-        "objective": args.objective,
+        "objective": objective_label(args),
         "split": split,
         "model": model_label(layers, M),
         "status": status,
@@ -517,7 +531,7 @@ def _append_report(path: Path, command: str, table: str, args, splits_run, n_ava
             f"{torch.get_num_threads()}; torch {torch.__version__}, pyro {pyro.__version__}, "
             f"Python {platform.python_version()}\n"
             f"- Run: layers {' '.join(map(str, args.layers))}, guide {args.guide}, objective "
-            f"{args.objective}, {args.steps} Adam iterations at lr {args.lr}, minibatch "
+            f"{objective_label(args)}, {args.steps} Adam iterations at lr {args.lr}, minibatch "
             f"min({args.batch_size}, N), M = {args.inducing}, {args.particles} training "
             f"sample(s), S = {args.samples} test samples, seed {args.seed} + split\n"
             f"- Splits: {splits_txt}\n"
@@ -573,12 +587,13 @@ def main(argv: list[str] | None = None) -> int:
 
     def key_of(ds, layers, split):
         return _run_key({"dataset": ds, "layers": layers, "guide": args.guide,
-                         "objective": args.objective, "split": split, "settings": settings})
+                         "objective": objective_label(args), "split": split,
+                         "settings": settings})
 
     plan = [(ds, layers, k) for ds in names for layers in args.layers for k in splits_run[ds]]
     selected = {key_of(*p) for p in plan}
     if args.snapshot:
-        done = {_run_key(r) for r in _read_records(out) if r.get("status") != "failed"}
+        done = {_run_key(r) for r in read_records(out) if r.get("status") != "failed"}
         records = []
         for ds, layers, k in plan:
             rec = None if key_of(ds, layers, k) in done else _snapshot_one(
@@ -598,7 +613,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.summary_only:
         # finished runs (ok or diverged) are skipped; failed ones are tried again
-        done = {_run_key(r) for r in _read_records(out) if r.get("status") != "failed"}
+        done = {_run_key(r) for r in read_records(out) if r.get("status") != "failed"}
         todo = [p for p in plan if key_of(*p) not in done]
         skipped = len(plan) - len(todo)
         if skipped:
@@ -611,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
                 rec, ckpt = _run_one(args, ds, k, layers, ckpt_dir)
             except (RuntimeError, ValueError) as err:  # e.g. a Cholesky failure: record, go on
                 rec = {"dataset": ds, "layers": layers, "guide": args.guide,
-                       "objective": args.objective, "split": k, "status": "failed",
+                       "objective": objective_label(args), "split": k, "status": "failed",
                        "error": f"{type(err).__name__}: {err}", "settings": settings,
                        "finished": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
                 _append_record(out, rec)
@@ -626,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
         bar.close()
     record = not (args.no_record or args.summary_only)
     if args.summary or args.append or args.summary_only or record:
-        records = [r for r in _read_records(out)
+        records = [r for r in read_records(out)
                    if _run_key(r) in selected and r.get("status") != "failed"]
         table = summarize(records)
         if args.summary or args.append or args.summary_only:

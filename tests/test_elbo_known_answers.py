@@ -412,16 +412,16 @@ def test_analytic_kl_elbo_single_pass_equals_replay_and_steps_outer_handlers_asi
     params = list({id(p): p for m in (model, guide) for p in m.parameters()}.values())
     elbo = AnalyticKL_ELBO()
     with pyro.validation_enabled(False):
-        assert elbo_module._single_pass(model, guide)
+        assert elbo_module.single_pass(model, guide)
         one = _loss_and_grads(elbo, model, guide, X, y, params=params)
         with poutine.trace(param_only=True) as params_seen:
-            assert elbo_module._single_pass(model, guide)
+            assert elbo_module.single_pass(model, guide)
             under_svi = _loss_and_grads(elbo, model, guide, X, y, params=params)
         # as SVI.step needs: the parameters of model and guide are all seen
         seen = {id(site["value"].unconstrained()) for site in params_seen.trace.nodes.values()}
         assert {id(p) for p in params} <= seen
         with poutine.block(hide_fn=lambda msg: False):  # a no-op handler: forces the replay
-            assert not elbo_module._single_pass(model, guide)
+            assert not elbo_module.single_pass(model, guide)
             two = _loss_and_grads(elbo, model, guide, X, y, params=params)
         with poutine.scale(scale=2.0):
             scaled = _loss_and_grads(elbo, model, guide, X, y, params=params)
@@ -432,7 +432,7 @@ def test_analytic_kl_elbo_single_pass_equals_replay_and_steps_outer_handlers_asi
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(c, a, rtol=1e-10, atol=1e-12)
     other = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6)
-    assert not elbo_module._single_pass(other, guide)
+    assert not elbo_module.single_pass(other, guide)
 
 
 def test_log_q_at_the_guides_own_draws_survives_an_ill_conditioned_factor():

@@ -177,7 +177,7 @@ def test_a_record_after_a_line_cut_short_is_kept(tmp_path):
     with out.open("a") as fh:
         fh.write('{"split": 1, "metr')  # killed here
     uci._append_record(out, {"split": 2})
-    assert [r["split"] for r in uci._read_records(out)] == [0, 2]
+    assert [r["split"] for r in uci.read_records(out)] == [0, 2]
 
 
 def test_summary_counts_each_split_once():
@@ -217,3 +217,32 @@ def test_exact_gp_control_runs_and_appends_its_table(tmp_path, capsys):
     assert len(rows) == 2 and "| mean (se) |" in printed
     lls = [float(r.split("|")[2]) for r in rows]
     assert all(-10 < v < 0 for v in lls)  # boston in original units: a few nats per point
+
+
+@needs_data
+def test_alpha_benchmark_runs_and_names_each_alpha(tmp_path, capsys):
+    import alpha
+
+    out = tmp_path / "a.jsonl"
+    assert alpha.main(["--datasets", "boston", "--splits", "1", "--steps", "2", "--alphas",
+                       "1e-3", "1.0", "--guides", "meanfield", "--alpha-samples", "3",
+                       "--out", str(out), "--no-record", "--quiet"]) == 0
+    table = capsys.readouterr().out
+    assert "meanfield, alpha=0.001,S=3" in table and "meanfield, alpha=1,S=3" in table
+
+
+@needs_data
+def test_init_option_builds_that_initialisation_and_records_it(tmp_path):
+    import inits
+
+    out = tmp_path / "r.jsonl"
+    assert uci.main(["--datasets", "boston", "--layers", "2", "--splits", "1", "--steps", "2",
+                     "--init", "gpytorch", "--inducing", "10", "--out", str(out),
+                     "--no-record", "--quiet"]) == 0
+    rec = uci.read_records(out)[0]
+    assert rec["settings"]["init"] == "gpytorch"
+    knobs = inits.resolve("gpytorch")
+    assert knobs["noise_variance"] == 0.693 and knobs["inner_variance"] == 1.0
+    assert knobs["train_mean"] and knobs["ard"] and knobs["lr_decay"] == 1.0
+    with pytest.raises(SystemExit):
+        uci.main(["--init", "nonsense"])

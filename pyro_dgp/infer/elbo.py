@@ -42,7 +42,7 @@ from pyro.poutine.util import prune_subsample_sites
 from ..guides.base import LayerGuide
 from ..guides.prototype import is_vectorising
 
-__all__ = ["AnalyticKL_ELBO"]
+__all__ = ["AnalyticKL_ELBO", "log_prob_sum", "single_pass"]
 
 
 def _masked_out(site: dict) -> bool:
@@ -50,7 +50,7 @@ def _masked_out(site: dict) -> bool:
     return site["mask"] is False or (isinstance(fn, MaskedDistribution) and fn._mask is False)
 
 
-def _log_prob_sum(site: dict) -> torch.Tensor:
+def log_prob_sum(site: dict) -> torch.Tensor:
     """``sum(scale * mask * log fn(value))`` of a trace site; reuses Pyro's value if computed."""
     if "log_prob_sum" in site:
         return site["log_prob_sum"]
@@ -75,7 +75,7 @@ def _uncovered_latent_message(name: str, site: dict) -> str:
     )
 
 
-def _single_pass(model, guide) -> bool:
+def single_pass(model, guide) -> bool:
     """Whether the model's trace can come from the guide's own run of ``model``
     (:meth:`LayerGuide.traces <pyro_dgp.guides.base.LayerGuide.traces>`): a layer guide of this
     very model, and no handler around the loss that would act on the model's sites (only
@@ -93,7 +93,7 @@ class AnalyticKL_ELBO(TraceMeanField_ELBO):  # noqa: N801 (Pyro's naming of ELBO
     def _get_trace(self, model, guide, args, kwargs):
         if is_validation_enabled():
             return super()._get_trace(model, guide, args, kwargs)
-        if _single_pass(model, guide):
+        if single_pass(model, guide):
             guide_trace, model_trace = guide.traces(*args, **kwargs)
         else:
             guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
@@ -115,13 +115,17 @@ class AnalyticKL_ELBO(TraceMeanField_ELBO):  # noqa: N801 (Pyro's naming of ELBO
         elbo = self._elbo_particle(model_trace, guide_trace)
         return -torch_item(elbo), -elbo
 
+    def _observed_term(self, site: dict) -> torch.Tensor:
+        """An observed site's part of the sum: its scaled and masked log-density."""
+        return log_prob_sum(site)
+
     def _elbo_particle(self, model_trace, guide_trace) -> torch.Tensor:
         elbo = 0.0
         for name, site in model_trace.nodes.items():
             if site["type"] != "sample" or _masked_out(site):
                 continue
             if site["is_observed"]:
-                elbo = elbo + _log_prob_sum(site)
+                elbo = elbo + self._observed_term(site)
                 continue
             guide_site = guide_trace.nodes.get(name)
             if guide_site is None:
@@ -131,7 +135,7 @@ class AnalyticKL_ELBO(TraceMeanField_ELBO):  # noqa: N801 (Pyro's naming of ELBO
             try:
                 kl = kl_divergence(guide_site["fn"], site["fn"])
             except NotImplementedError:
-                elbo = elbo + _log_prob_sum(site) - _log_prob_sum(guide_site)
+                elbo = elbo + log_prob_sum(site) - log_prob_sum(guide_site)
                 continue
             kl = scale_and_mask(kl, scale=guide_site["scale"], mask=guide_site["mask"])
             if torch.is_tensor(kl):
@@ -141,5 +145,5 @@ class AnalyticKL_ELBO(TraceMeanField_ELBO):  # noqa: N801 (Pyro's naming of ELBO
             elbo = elbo - kl_sum
         for name, guide_site in guide_trace.nodes.items():
             if guide_site["type"] == "sample" and name not in model_trace.nodes:
-                elbo = elbo - _log_prob_sum(guide_site)  # auxiliary site
+                elbo = elbo - log_prob_sum(guide_site)  # auxiliary site
         return elbo

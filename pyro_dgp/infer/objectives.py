@@ -12,6 +12,7 @@ from pyro.infer import ELBO, RenyiELBO, Trace_ELBO, TraceMeanField_ELBO
 from ..errors import user_errors_first
 from ..rng import seeded
 from ..validation import check_inputs, check_positive_int, check_targets
+from .alpha import LocalAlpha
 from .elbo import AnalyticKL_ELBO
 from .importance import RenyiELBO as ImportanceRenyiELBO
 from .importance import check_importance_weights
@@ -29,8 +30,11 @@ _OBJECTIVES = {
 }
 
 
-def make_objective(objective, guide, num_particles: int = 1) -> ELBO:
-    """An ELBO instance from a name (``"auto"``, ``"elbo"``, ``"meanfield"``, ``"renyi"``) or
+def make_objective(objective, guide, num_particles: int = 1, alpha: float = 0.5,
+                   num_samples: int = 10) -> ELBO:
+    """An objective from a name (``"auto"``, ``"elbo"``, ``"meanfield"``, ``"renyi"``,
+    ``"alpha"``: :class:`~pyro_dgp.infer.alpha.LocalAlpha` with ``alpha`` and ``num_samples``
+    draws per point, not an ELBO) or
     an instance (returned as is, except that Pyro's ``RenyiELBO`` becomes
     :class:`~pyro_dgp.infer.importance.RenyiELBO` with the same settings: exact per-draw weights).
     ``"auto"`` is ``"meanfield"`` for guides that factorise like the prior, else ``"elbo"``
@@ -50,11 +54,14 @@ def make_objective(objective, guide, num_particles: int = 1) -> ELBO:
                     vectorize_particles=objective.vectorize_particles)
         return objective
     num_particles = check_positive_int(num_particles, "num_particles")
+    if objective == "alpha":
+        return LocalAlpha(alpha, num_samples)
     if objective == "auto":
         objective = "meanfield" if getattr(guide, "mean_field", False) else "elbo"
     if objective not in _OBJECTIVES:
         raise ValueError(
-            f"objective must be a pyro ELBO or one of {['auto', *_OBJECTIVES]}, got {objective!r}"
+            f"objective must be a pyro ELBO or one of {['auto', 'alpha', *_OBJECTIVES]}, got "
+            f"{objective!r}"
         )
     if objective == "meanfield":
         _warn_mean_field(guide)

@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 from ..errors import user_errors_first
 from ..linalg import CholeskyError
 from ..validation import check_inputs, check_positive_int, check_targets
+from .alpha import LocalAlpha
 from .checkpoint import atomic_save, rng_state, safe_load, set_rng_state
 from .draws import check_guide_of
 from .minibatch import check_minibatch_scale
@@ -33,7 +34,8 @@ class TrainingDivergedError(FloatingPointError):
 
 @dataclass
 class FitResult:
-    """``losses[k]`` is the objective (negative ELBO estimate) at step k, full-data scale;
+    """``losses[k]`` is the training loss at step k (the negative ELBO estimate, or the
+    negative local alpha objective), full-data scale;
     ``final_elbo`` the ELBO at the final parameters (:func:`~pyro_dgp.elbo`, the ELBO
     estimator of the guide whatever the training objective, averaged over
     ``final_elbo_particles`` draws on the training data; ``nan`` if not evaluated) and
@@ -135,6 +137,13 @@ class _Training:
         self.start, self.seconds_before, self.t0 = 0, 0.0, time.perf_counter()
         self.last_good = None
         self.natural = natural
+
+    def progress_label(self, loss_per_point: float) -> dict[str, str]:
+        """The progress bar's figure: ``elbo/pt`` for an ELBO, ``loss/pt`` for an objective
+        that is not one (the local alpha objective)."""
+        if isinstance(self.elbo, LocalAlpha):
+            return {"loss": f"{loss_per_point:.4f}/pt"}
+        return {"elbo": f"{-loss_per_point:.4f}/pt"}
 
     def resume(self) -> None:
         """Continue from the checkpoint, if it exists (parameters, moments, streams, losses)."""
@@ -250,8 +259,8 @@ class _Training:
                 if progress:
                     bar.update(1)
                     if step % 10 == 0:
-                        recent = losses[-50:]
-                        bar.set_postfix(elbo=f"{-sum(recent) / len(recent) / N:.4f}/pt")
+                        recent = sum(losses[-50:]) / len(losses[-50:]) / N
+                        bar.set_postfix(self.progress_label(recent))
                 if self.path is not None and (step + 1) % checkpoint_every == 0:
                     self.save(step + 1)
             step = self.num_steps
@@ -285,6 +294,8 @@ def fit(
     final_elbo_particles: int = 8,
     threads: int | None = None,
     natural_gradient=None,
+    alpha: float = 0.5,
+    num_samples: int = 10,
 ) -> FitResult:
     """Train ``guide`` (and the model's hyperparameters) by SVI.
 
@@ -293,7 +304,10 @@ def fit(
         must be scaled by ``N / B``: a :class:`~pyro_dgp.DeepGP` does it through its
         ``num_data``, a hand-written model through its data plate
         (:mod:`pyro_dgp.infer.minibatch`; a model that does not is warned about).
-    :param objective: a Pyro ELBO or a name (:func:`make_objective`).
+    :param objective: a Pyro ELBO or a name (:func:`make_objective`); ``"alpha"``: the local
+        alpha-divergence objective (:mod:`pyro_dgp.infer.alpha`) with ``alpha`` in ``(0, 1]``
+        and ``num_samples`` draws per point, a loss that is not an ELBO (the progress bar
+        shows it as ``loss/pt``; ``FitResult.final_elbo`` is still the guide's ELBO).
     :param seed: seeds Pyro/torch/numpy and the minibatch stream (``None``: leave as is).
     :param checkpoint: file written every ``checkpoint_every`` steps, at the end, on
         divergence and on KeyboardInterrupt; ``resume=True`` continues from it exactly
@@ -324,19 +338,20 @@ def fit(
                     num_particles=num_particles, seed=seed, progress=progress,
                     checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume,
                     optimizer=optimizer, lr_decay=lr_decay,
-                    final_elbo_particles=final_elbo_particles, natural_gradient=natural_gradient)
+                    final_elbo_particles=final_elbo_particles, natural_gradient=natural_gradient,
+                    alpha=alpha, num_samples=num_samples)
 
 
 def _fit(model, guide, X, y, N, B, *, num_steps, lr, objective, num_particles, seed, progress,
          checkpoint, checkpoint_every, resume, optimizer, lr_decay, final_elbo_particles,
-         natural_gradient):
+         natural_gradient, alpha, num_samples):
     """:func:`fit` after its checks, with its thread count set."""
     if seed is not None:
         pyro.set_rng_seed(seed)
     # the minibatch stream: from the seed, else from torch's global stream (as is)
     generator = torch.Generator().manual_seed(
         seed if seed is not None else int(torch.randint(2**62, ()).item()))
-    elbo = make_objective(objective, guide, num_particles)
+    elbo = make_objective(objective, guide, num_particles, alpha=alpha, num_samples=num_samples)
     with torch.no_grad():
         guide(X[:B], y[:B])  # creates lazily-built variational parameters
     if B < N:

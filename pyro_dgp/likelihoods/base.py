@@ -105,6 +105,11 @@ class AnalyticObservation(dist.TorchDistribution):
         with self.likelihood.fixed(self.hyperparameters):
             return self.likelihood.predictive_log_prob(value, self.loc, self.var)
 
+    def alpha_log_prob(self, value, alpha: float):
+        """``log E_{N(f; loc, var)} [p(y | f)^alpha]`` under the hyperparameters of the call."""
+        with self.likelihood.fixed(self.hyperparameters):
+            return self.likelihood.alpha_log_expectation(value, self.loc, self.var, alpha)
+
     def sample(self, sample_shape=torch.Size()):
         with torch.no_grad(), self.likelihood.fixed(self.hyperparameters):
             if self.f is None:
@@ -180,6 +185,12 @@ class Likelihood(PyroModule):
         """``log int p(y | f) N(f; loc, var) df``, Gauss-Hermite; shapes ``(..., N)``."""
         f, log_w = gauss_hermite(loc, var, self.num_gh_points)
         return torch.logsumexp(log_w + self.distribution(f).log_prob(y), dim=0)
+
+    def alpha_log_expectation(self, y, loc, var, alpha: float):
+        """``log E_{N(f; loc, var)} [p(y | f)^alpha]``, Gauss-Hermite; shapes ``(..., N)`` (the
+        local alpha-divergence objective, :mod:`pyro_dgp.infer.alpha`)."""
+        f, log_w = gauss_hermite(loc, var, self.num_gh_points)
+        return torch.logsumexp(log_w + alpha * self.distribution(f).log_prob(y), dim=0)
 
     def predictive_moments(self, loc, var):
         """Mean and variance of ``y`` under ``int p(y | f) N(f; loc, var) df``; shapes

@@ -35,6 +35,15 @@ class Gaussian(Likelihood):
         noise = self.variance
         return -0.5 * (math.log(2 * math.pi) + noise.log() + ((y - loc).square() + var) / noise)
 
+    def alpha_log_expectation(self, y, loc, var, alpha: float):
+        # log E[N(y | f, s2)^a] = -(a/2) log(2 pi s2) - log1p(a v / s2) / 2
+        #                         - a (y - loc)^2 / (2 (s2 + a v))      (docs/maths.md, §10):
+        # no cancellation as a -> 0, unlike the scaled-Gaussian form
+        noise = self.variance
+        return (-0.5 * alpha * (math.log(2 * math.pi) + noise.log())
+                - 0.5 * (alpha * var / noise).log1p()
+                - alpha * (y - loc).square() / (2 * (noise + alpha * var)))
+
     def predictive_log_prob(self, y, loc, var):
         return dist.Normal(loc, (var + self.variance).sqrt()).log_prob(y)
 

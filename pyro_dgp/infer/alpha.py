@@ -1,0 +1,128 @@
+"""The local alpha-divergence objective: one alpha-power per data point (power EP with tied
+sites, the cavity replaced by ``q``; Hernández-Lobato's lecture on deep GPs, ``docs/maths.md``
+§10):
+
+    L_alpha = N/|B| sum_{i in B} (1/alpha) log (1/S) sum_s E_{N(f; m_is, v_is)} [p(y_i | f)^alpha]
+              - KL(q(U) || p(U)),
+
+with ``S`` draws ``s`` of the guide (its ``u`` and inner layers) and ``N(m_is, v_is)`` the
+Gaussian the guide attaches to the last layer's ``f`` at point ``i`` in draw ``s`` (collapsed
+over ``u^L`` where the guide collapses it). ``alpha -> 0`` is the ELBO of the same guide;
+``alpha = 1`` makes each point's term the log-density of the ``S``-draw predictive mixture.
+For ``alpha > 0`` it is not a lower bound on ``log p(y)``: :class:`LocalAlpha` calls its value
+a loss, never an ELBO. The power sits inside each point's term, so a minibatch estimate is
+unbiased for the ``S``-draw objective; the inner ``log (1/S) sum_s`` is biased low for finite
+``S``. The inner expectation is the likelihood's
+:meth:`~pyro_dgp.likelihoods.Likelihood.alpha_log_expectation` (closed form for the Gaussian,
+Gauss-Hermite otherwise); for an observation scored at a sampled ``f`` (a hand-written
+``dist.Normal(f, s)``), ``alpha log p(y_i | f_is)``, a Monte Carlo estimate.
+
+The KL part is that of the guide's ELBO: closed form per layer for guides that factorise like
+the prior (``mean_field``), else ``log p - log q`` at the draws; averaged over the ``S`` draws.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pyro
+import torch
+from pyro import poutine
+from pyro.distributions.util import scale_and_mask
+from pyro.infer.util import is_validation_enabled
+from pyro.poutine.util import prune_subsample_sites
+
+from ..likelihoods import AnalyticObservation
+from ..validation import check_positive_int
+from .draws import unmasked
+from .elbo import AnalyticKL_ELBO, log_prob_sum, single_pass
+
+__all__ = ["ALPHA_PLATE", "LocalAlpha"]
+
+#: the plate of the ``S`` draws per point (dim -2, left of the data plate, as for predictions)
+ALPHA_PLATE = "_alpha_draws"
+
+
+def check_alpha(alpha) -> float:
+    """``alpha`` as a float in ``(0, 1]``."""
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float):
+        raise TypeError(f"alpha must be a number in (0, 1], got {alpha!r}")
+    if not 0 < alpha <= 1 or not math.isfinite(alpha):
+        raise ValueError(f"alpha must lie in (0, 1] (alpha -> 0: the ELBO; 1: the predictive "
+                         f"objective), got {alpha}")
+    return float(alpha)
+
+
+class LocalAlpha(AnalyticKL_ELBO):
+    """The local alpha-divergence objective (module docstring) as a Pyro loss: usable with
+    ``pyro.infer.SVI`` (``loss``, ``loss_and_grads``) and with ``fit(objective="alpha")``.
+
+    :param alpha: in ``(0, 1]``.
+    :param num_samples: ``S >= 1`` draws of the guide per point, vectorised in one run.
+    """
+
+    def __init__(self, alpha: float = 0.5, num_samples: int = 10):
+        super().__init__(num_particles=1)
+        self.alpha = check_alpha(alpha)
+        self.num_samples = check_positive_int(num_samples, "LocalAlpha: num_samples")
+
+    def __repr__(self) -> str:
+        return f"LocalAlpha(alpha={self.alpha:g}, num_samples={self.num_samples})"
+
+    def _traces(self, model, guide, args, kwargs):
+        with pyro.plate(ALPHA_PLATE, self.num_samples, dim=-2):
+            if single_pass(model, guide):
+                guide_trace, model_trace = guide.traces(*args, **kwargs)
+            else:
+                guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
+                model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)
+                                            ).get_trace(*args, **kwargs)
+        return prune_subsample_sites(model_trace), prune_subsample_sites(guide_trace)
+
+    def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
+        """``-L_alpha`` for one set of ``S`` draws (a tensor to differentiate)."""
+        model_trace, guide_trace = self._traces(model, guide, args, kwargs)
+        data = sum((self._local_term(s) for s in model_trace.nodes.values()
+                    if s["type"] == "sample" and s["is_observed"]), start=0.0)
+        return -(data + self._latent_part(model_trace, guide_trace, guide) / self.num_samples)
+
+    def loss(self, model, guide, *args, **kwargs) -> float:
+        with torch.no_grad():
+            return float(self.differentiable_loss(model, guide, *args, **kwargs))
+
+    def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
+        loss = self.differentiable_loss(model, guide, *args, **kwargs)
+        loss.backward()
+        return float(loss.detach())
+
+    def _observed_term(self, site: dict):
+        return 0.0  # the local terms replace the observations' log-densities
+
+    def _latent_part(self, model_trace, guide_trace, guide) -> torch.Tensor:
+        """``-KL`` summed over the ``S`` draws: closed form for mean-field guides, else
+        ``log p - log q`` at the draws (as ``Trace_ELBO``)."""
+        if getattr(guide, "mean_field", False):
+            if is_validation_enabled():  # its check that every draw is reparameterised
+                guide_trace.compute_score_parts()
+            return self._elbo_particle(model_trace, guide_trace)
+        total = 0.0
+        for site in model_trace.nodes.values():
+            if site["type"] == "sample" and not site["is_observed"]:
+                total = total + log_prob_sum(site)
+        for site in guide_trace.nodes.values():
+            if site["type"] == "sample" and not site["is_observed"]:
+                total = total - log_prob_sum(site)
+        return total
+
+    def _local_term(self, site: dict) -> torch.Tensor:
+        """``sum_i scale (1/alpha) (logsumexp_s a_is - log S)`` of an observed site, with
+        ``a_is = log E_s[p(y_i | f)^alpha]``."""
+        fn, y, S = unmasked(site["fn"]), site["value"], self.num_samples
+        if isinstance(fn, AnalyticObservation):
+            a = fn.alpha_log_prob(y, self.alpha)
+        else:
+            a = self.alpha * fn.log_prob(y)
+        if a.dim() < 2 or a.shape[-2] != S:
+            a = a.expand(torch.broadcast_shapes(a.shape, (S, 1)))  # the same for every draw
+        per_point = (torch.logsumexp(a, dim=-2) - math.log(S)) / self.alpha
+        return scale_and_mask(per_point, site["scale"], site["mask"]).sum()
