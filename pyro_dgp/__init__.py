@@ -17,16 +17,19 @@ from .diagnostics import (
     to_datatree,
     variational_pareto_k,
 )
-from .gp import DeepGP, GPLayer
+from .gp import AmortizedGPLayer, DeepGP, GPLayer
 from .guides import complete, inducing_only
 from .infer import FitResult, TrainingDivergedError, fit, importance, importance_weights
 from .infer import evaluate_elbo as elbo
+from .infer.amortized import AmortizedELBO
 from .linalg import CholeskyError, NumericalWarning
 from .prediction import MixturePredictive, metrics, predict
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AmortizedELBO",
+    "AmortizedGPLayer",
     "GuideComparisonWarning",
     "compare_guides",
     "diagnostics",

@@ -109,7 +109,7 @@ def test_docs_table_is_the_protocol_and_its_example_runs():
     section = text.split("## What a subclass defines")[1].split("\n## ")[0]
     rows = re.findall(r"^\| `(\w+)[(` ]", section, flags=re.MULTILINE)
     members = {"conditional", "expected_log_prob", "predictive_log_prob", "predictive_moments",
-               "predictive_sample", "gaussian_predictive", "binary"}
+               "predictive_sample", "gaussian_predictive", "binary", "alpha_log_expectation"}
     assert set(rows) == members
     assert all(hasattr(Likelihood, name) for name in members)
     required = re.findall(r"^\| `(\w+)[^|]*\| yes \|", section, flags=re.MULTILINE)

@@ -7,8 +7,10 @@ touching the global random state) and stores them in ArviZ groups:
 
 ``posterior``
     ``<layer>.u``: the inducing outputs of every GP layer, dims ``(chain, draw, <layer>_unit,
-    <layer>_inducing)``, in the layer's own parameterisation (whitened ``v`` with ``u = L v``
-    when the layer is whitened; see the group attribute ``whitened``). Plus every other global
+    <layer>_inducing)`` (``(chain, draw, obs, <layer>_unit, <layer>_inducing)`` for a layer
+    with one ``u`` per point, :class:`~pyro_dgp.AmortizedGPLayer`), in the layer's own
+    parameterisation (whitened ``v`` with ``u = L v`` when the layer is whitened; see the group
+    attribute ``whitened``). Plus every other global
     latent site the guide samples (Bayesian hyperparameters, ``PyroSample``), dims ``(chain,
     draw, <site>_dim<k>...)``.
 ``layers``
@@ -256,8 +258,15 @@ def _posterior_group(parts: _Parts, trace: Trace, S: int) -> None:
         lname = _layer_name(fname)
         d = dim_name(lname)
         u = record.inducing
-        u = u.expand((S,) + u.shape[-2:]) if u.dim() == 2 else u.reshape((S,) + u.shape[-2:])
-        parts.add("posterior", f"{lname}.u", _np(u)[None], [f"{d}_unit", f"{d}_inducing"])
+        dims = [f"{d}_unit", f"{d}_inducing"]
+        if getattr(record.layer, "local_inducing", False):  # one u per point (amortized)
+            u = u.reshape((S, len(parts.coords["obs"])) + u.shape[-2:])
+            dims = ["obs", *dims]
+        elif u.dim() == 2:
+            u = u.expand((S,) + u.shape[-2:])
+        else:
+            u = u.reshape((S,) + u.shape[-2:])
+        parts.add("posterior", f"{lname}.u", _np(u)[None], dims)
         parts.coords[f"{d}_unit"] = np.arange(record.layer.output_dim)
         parts.coords[f"{d}_inducing"] = np.arange(record.layer.num_inducing)
         layer_names.append(lname)

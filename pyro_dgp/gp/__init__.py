@@ -1,6 +1,7 @@
 """The deep GP prior: the one GP conditional, ``GPLayer`` and its sites, ``DeepGP``."""
 
+from .amortized import AmortizedGPLayer
 from .deep_gp import DeepGP
 from .layer import GPLayer
 
-__all__ = ["DeepGP", "GPLayer"]
+__all__ = ["AmortizedGPLayer", "DeepGP", "GPLayer"]

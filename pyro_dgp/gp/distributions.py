@@ -144,13 +144,22 @@ class LayerConditional(dist.TorchDistribution):
 
     def __init__(self, layer, x: torch.Tensor, u: torch.Tensor, validate_args=None):
         self.layer, self.x, self.u = layer, x, u
-        batch_shape = broadcast_shape(x.shape[:-1], u.shape[:-2] + (1,))
         self._marginal = None
-        super().__init__(batch_shape, torch.Size([layer.output_dim]), validate_args=False)
+        super().__init__(self.batch_shape_of(x, u), torch.Size([layer.output_dim]),
+                         validate_args=False)
+
+    @staticmethod
+    def batch_shape_of(x: torch.Tensor, u: torch.Tensor) -> torch.Size:
+        """``u (..., D_out, M)`` lies outside the data plate: a singleton at its dim."""
+        return broadcast_shape(x.shape[:-1], u.shape[:-2] + (1,))
+
+    def moments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loc, var)`` of ``f`` given ``u``, each ``(..., N, D_out)``."""
+        return self.layer.conditional(self.x, self.u)
 
     def marginal(self) -> FunctionMarginal:
         if self._marginal is None:
-            loc, var = self.layer.conditional(self.x, self.u)
+            loc, var = self.moments()
             self._marginal = FunctionMarginal(loc, var, given_draw=True).expand(self.batch_shape)
         return self._marginal
 
@@ -162,4 +171,4 @@ class LayerConditional(dist.TorchDistribution):
 
     def expand(self, batch_shape, _instance=None):
         batch_shape = torch.Size(batch_shape)
-        return LayerConditional(self.layer, self.x.expand(batch_shape + self.x.shape[-1:]), self.u)
+        return type(self)(self.layer, self.x.expand(batch_shape + self.x.shape[-1:]), self.u)

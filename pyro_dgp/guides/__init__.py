@@ -1,6 +1,7 @@
 """Variational guides for models built from GP layers (the model/guide contract of
 ``docs/design.md``)."""
 
+from .amortized import Amortized
 from .base import LayerGuide, sample_paths, shared_draws
 from .chain import Chain
 from .completed import Completed, complete, inducing_only
@@ -11,6 +12,7 @@ from .meanfield import MeanField
 from .prototype import LayerSite
 
 __all__ = [
+    "Amortized",
     "Chain",
     "Completed",
     "Coupled",

@@ -98,11 +98,14 @@ class _Redirect(Messenger):
                 msg["is_observed"], msg["value"] = False, None
                 return False
             if record.given_u_only:
-                loc, var = self.guide.f_given_u(site, x, u, self.run)
+                out = self.guide.f_given_u(site, x, u, self.run)
             else:
-                loc, var = self.guide.f_marginal(site, x, u, self.run)
-            # given the run's own draws wherever this guide's runs are importance weights
-            msg["fn"] = masked_out(FunctionMarginal(loc, var, self.guide.per_draw_weights))
+                out = self.guide.f_marginal(site, x, u, self.run)
+            # given the run's own draws wherever this guide's runs are importance weights; a
+            # family may return its own FunctionMarginal (e.g. draws at quadrature nodes)
+            fn = out if isinstance(out, FunctionMarginal) else FunctionMarginal(
+                *out, self.guide.per_draw_weights)
+            msg["fn"] = masked_out(fn)
             msg["is_observed"], msg["value"] = False, None
             return False
         if msg["name"] in self.run.supplied:
@@ -136,6 +139,9 @@ class LayerGuide(PyroModule):
     #: that are not linear in the log-weight (``RenyiELBO``) need it; the ELBO does not, and
     #: collapsed estimators rely on that.
     per_draw_weights = False
+    #: Whether the family handles layers whose ``u`` is local (one per data point, inside
+    #: the data plate: ``local_inducing`` layers such as ``AmortizedGPLayer``).
+    supports_local_inducing = False
 
     def __init__(self, model, name: str | None = None):
         if not callable(model):
@@ -161,6 +167,10 @@ class LayerGuide(PyroModule):
         """Create the variational parameters from a prototype trace (done on first call)."""
         sites, others = prototype_sites(self.model, *args, **kwargs)
         self._check_others(others)
+        local = [s.name for s in sites if getattr(s.layer, "local_inducing", False)]
+        if local and not self.supports_local_inducing:
+            raise ValueError(f"{type(self).__name__}: the layers {local} have local inducing "
+                             "outputs (one per data point); use pyro_dgp.guides.Amortized")
         self._sites = {s.name.rsplit(".", 1)[0]: s for s in sites}
         self._setup_sites(sites)
         self._set_up = True

@@ -25,17 +25,14 @@ from __future__ import annotations
 
 import math
 
-import pyro
 import torch
-from pyro import poutine
 from pyro.distributions.util import scale_and_mask
 from pyro.infer.util import is_validation_enabled
-from pyro.poutine.util import prune_subsample_sites
 
 from ..likelihoods import AnalyticObservation
 from ..validation import check_positive_int
 from .draws import unmasked
-from .elbo import AnalyticKL_ELBO, log_prob_sum, single_pass
+from .elbo import AnalyticKL_ELBO, LossFromDifferentiable, log_prob_sum, plated_traces
 
 __all__ = ["ALPHA_PLATE", "LocalAlpha"]
 
@@ -53,7 +50,7 @@ def check_alpha(alpha) -> float:
     return float(alpha)
 
 
-class LocalAlpha(AnalyticKL_ELBO):
+class LocalAlpha(LossFromDifferentiable, AnalyticKL_ELBO):
     """The local alpha-divergence objective (module docstring) as a Pyro loss: usable with
     ``pyro.infer.SVI`` (``loss``, ``loss_and_grads``) and with ``fit(objective="alpha")``.
 
@@ -69,31 +66,13 @@ class LocalAlpha(AnalyticKL_ELBO):
     def __repr__(self) -> str:
         return f"LocalAlpha(alpha={self.alpha:g}, num_samples={self.num_samples})"
 
-    def _traces(self, model, guide, args, kwargs):
-        with pyro.plate(ALPHA_PLATE, self.num_samples, dim=-2):
-            if single_pass(model, guide):
-                guide_trace, model_trace = guide.traces(*args, **kwargs)
-            else:
-                guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
-                model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)
-                                            ).get_trace(*args, **kwargs)
-        return prune_subsample_sites(model_trace), prune_subsample_sites(guide_trace)
-
     def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
         """``-L_alpha`` for one set of ``S`` draws (a tensor to differentiate)."""
-        model_trace, guide_trace = self._traces(model, guide, args, kwargs)
+        model_trace, guide_trace = plated_traces(model, guide, ALPHA_PLATE, self.num_samples,
+                                                 args, kwargs)
         data = sum((self._local_term(s) for s in model_trace.nodes.values()
                     if s["type"] == "sample" and s["is_observed"]), start=0.0)
         return -(data + self._latent_part(model_trace, guide_trace, guide) / self.num_samples)
-
-    def loss(self, model, guide, *args, **kwargs) -> float:
-        with torch.no_grad():
-            return float(self.differentiable_loss(model, guide, *args, **kwargs))
-
-    def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
-        loss = self.differentiable_loss(model, guide, *args, **kwargs)
-        loss.backward()
-        return float(loss.detach())
 
     def _observed_term(self, site: dict):
         return 0.0  # the local terms replace the observations' log-densities

@@ -28,6 +28,7 @@ validated step of :func:`pyro_dgp.fit` is checked as before. Its value and gradi
 
 from __future__ import annotations
 
+import pyro
 import torch
 from pyro import poutine
 from pyro.distributions.kl import kl_divergence
@@ -42,7 +43,8 @@ from pyro.poutine.util import prune_subsample_sites
 from ..guides.base import LayerGuide
 from ..guides.prototype import is_vectorising
 
-__all__ = ["AnalyticKL_ELBO", "log_prob_sum", "single_pass"]
+__all__ = ["AnalyticKL_ELBO", "LossFromDifferentiable", "log_prob_sum", "model_and_guide_traces",
+           "plated_traces", "single_pass"]
 
 
 def _masked_out(site: dict) -> bool:
@@ -85,6 +87,40 @@ def single_pass(model, guide) -> bool:
     return all(isinstance(m, TraceMessenger) and m.param_only for m in _PYRO_STACK)
 
 
+def plated_traces(model, guide, plate_name: str, size: int, args, kwargs):
+    """``(model_trace, guide_trace)``, subsample sites pruned, of one run with ``size`` draws
+    vectorised in ``pyro.plate(plate_name, size, dim=-2)`` (left of the data plate): from the
+    guide's own run where :func:`single_pass` allows, else the model replayed on the guide."""
+    with pyro.plate(plate_name, size, dim=-2):
+        return model_and_guide_traces(model, guide, args, kwargs)
+
+
+def model_and_guide_traces(model, guide, args, kwargs):
+    """``(model_trace, guide_trace)`` of one run, subsample sites pruned (see
+    :func:`plated_traces`)."""
+    if single_pass(model, guide):
+        guide_trace, model_trace = guide.traces(*args, **kwargs)
+    else:
+        guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
+        model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(
+            *args, **kwargs)
+    return prune_subsample_sites(model_trace), prune_subsample_sites(guide_trace)
+
+
+class LossFromDifferentiable:
+    """``loss`` and ``loss_and_grads`` (what ``pyro.infer.SVI`` calls) of a class that defines
+    ``differentiable_loss(model, guide, *args, **kwargs)``."""
+
+    def loss(self, model, guide, *args, **kwargs) -> float:
+        with torch.no_grad():
+            return float(self.differentiable_loss(model, guide, *args, **kwargs))
+
+    def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
+        loss = self.differentiable_loss(model, guide, *args, **kwargs)
+        loss.backward()
+        return float(loss.detach())
+
+
 class AnalyticKL_ELBO(TraceMeanField_ELBO):  # noqa: N801 (Pyro's naming of ELBO classes)
     """``E_q log p(y | ...) - sum KL(q || p)`` with analytic KL terms, like
     :class:`pyro.infer.TraceMeanField_ELBO` (same constructor, same validity conditions: the
@@ -93,13 +129,7 @@ class AnalyticKL_ELBO(TraceMeanField_ELBO):  # noqa: N801 (Pyro's naming of ELBO
     def _get_trace(self, model, guide, args, kwargs):
         if is_validation_enabled():
             return super()._get_trace(model, guide, args, kwargs)
-        if single_pass(model, guide):
-            guide_trace, model_trace = guide.traces(*args, **kwargs)
-        else:
-            guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
-            model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(
-                *args, **kwargs)
-        return prune_subsample_sites(model_trace), prune_subsample_sites(guide_trace)
+        return model_and_guide_traces(model, guide, args, kwargs)
 
     def differentiable_loss(self, model, guide, *args, **kwargs):
         """The loss ``-ELBO`` (a tensor to differentiate), as ``TraceMeanField_ELBO``'s, without

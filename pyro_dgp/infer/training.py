@@ -305,24 +305,21 @@ def fit(
         ``num_data``, a hand-written model through its data plate
         (:mod:`pyro_dgp.infer.minibatch`; a model that does not is warned about).
     :param objective: a Pyro ELBO or a name (:func:`make_objective`); ``"alpha"``: the local
-        alpha-divergence objective (:mod:`pyro_dgp.infer.alpha`) with ``alpha`` in ``(0, 1]``
-        and ``num_samples`` draws per point, a loss that is not an ELBO (the progress bar
-        shows it as ``loss/pt``; ``FitResult.final_elbo`` is still the guide's ELBO).
+        alpha-divergence objective (:mod:`pyro_dgp.infer.alpha`), ``alpha`` in ``(0, 1]``,
+        ``num_samples`` draws per point: a loss, not an ELBO (shown as ``loss/pt``).
     :param seed: seeds Pyro/torch/numpy and the minibatch stream (``None``: leave as is).
     :param checkpoint: file written every ``checkpoint_every`` steps, at the end, on
         divergence and on KeyboardInterrupt; ``resume=True`` continues from it exactly
         (parameters, optimizer moments, random streams, loss history).
-    :param lr_decay: the learning rate at the last step as a fraction of ``lr``, reached by
-        exponential decay over steps ``t = 0 .. num_steps - 1``,
-        ``lr_t = lr * lr_decay ** (t / (num_steps - 1))`` (``1``: constant). A
-        function of the step only, so a resumed run follows the same schedule.
+    :param lr_decay: the last step's learning rate as a fraction of ``lr``:
+        ``lr_t = lr * lr_decay ** (t / (num_steps - 1))`` (``1``: constant), a function of the
+        step only, so a resumed run follows the same schedule.
     :param final_elbo_particles: draws of ``FitResult.final_elbo`` (0: not evaluated), from
         their own seeded stream: the global random state stays as training left it.
-    :param natural_gradient: ``None`` (Adam on everything), or the step size ``gamma`` (a
-        float in ``(0, 1]`` or a schedule ``step -> gamma``, e.g.
-        :func:`~pyro_dgp.infer.natgrad.warmup_gamma`) of natural-gradient steps on the
-        guide's Gaussian ``q(u)`` (:mod:`pyro_dgp.infer.natgrad`), the optimiser then
-        training the rest. A resumed run restarts the schedule at the resumed step.
+    :param natural_gradient: ``None``, or the step size ``gamma`` in ``(0, 1]`` (or a schedule
+        ``step -> gamma``, :func:`~pyro_dgp.infer.natgrad.warmup_gamma`) of natural-gradient
+        steps on the guide's Gaussian ``q(u)`` (:mod:`pyro_dgp.infer.natgrad`); the
+        optimiser trains the rest. A resumed run resumes the schedule.
     :param threads: torch's intra-op threads during the fit (restored after); ``None``: on
         CPU by the problem's size (:func:`pyro_dgp.infer.threads.threads_for`: one thread for
         small problems, where more only spin), on other devices as is.

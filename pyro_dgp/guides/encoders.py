@@ -1,0 +1,99 @@
+"""Encoders of amortized guides: maps from a layer's (summarised) input to ``q(u_n)``.
+
+An encoder of a layer with ``D_in`` inputs, ``D_out`` outputs and ``M`` inducing points is any
+``torch.nn.Module`` (or ``PyroModule``) called as ``encoder(p)`` with ``p`` of shape
+``(..., N, D_in)`` that returns ``(loc, scale)``:
+
+- ``loc``: ``(..., N, D_out, M)``, the mean of the whitened ``u_n`` of each output;
+- ``scale``: ``(..., N, D_out, M)`` positive (a diagonal covariance, the default of Meng and
+  Zhang 2024 for deep models), or ``(..., N, D_out, M, M)`` lower triangular with a positive
+  diagonal (a full Cholesky factor per output).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from pyro.nn import PyroModule
+from pyro.nn.module import to_pyro_module_
+
+__all__ = ["MLPEncoder", "as_pyro_module", "check_encoded"]
+
+
+def _mlp(d_in: int, d_out: int, width: int) -> torch.nn.Sequential:
+    """Two hidden layers of ``width`` units with LeakyReLU(0.2), as in Meng and Zhang 2024."""
+    return torch.nn.Sequential(
+        torch.nn.Linear(d_in, width), torch.nn.LeakyReLU(0.2),
+        torch.nn.Linear(width, width), torch.nn.LeakyReLU(0.2),
+        torch.nn.Linear(width, d_out))
+
+
+class MLPEncoder(PyroModule):
+    """The encoder of Meng and Zhang 2024: two MLPs, ``g`` for the mean and ``h`` for the
+    scale (softplus), each with two hidden layers as wide as the smaller of their input and
+    output sizes. The output layers start at zero weight, so every point and every one of the
+    ``M`` inducing outputs starts at mean 0 and scale ``init_scale``.
+
+    :param input_dim: D_in; :param output_dim: D_out; :param num_inducing: M.
+    :param init_scale: the initial scale of ``q(u_n)`` (whitened: 1 is the prior).
+    """
+
+    def __init__(self, input_dim: int, output_dim: int, num_inducing: int,
+                 init_scale: float = 1.0, dtype=None, device=None):
+        super().__init__()
+        self.output_dim, self.num_inducing = output_dim, num_inducing
+        n = output_dim * num_inducing
+        width = max(1, min(input_dim, n))
+        self.mean_net = _mlp(input_dim, n, width)
+        self.scale_net = _mlp(input_dim, n, width)
+        with torch.no_grad():
+            for net, bias in ((self.mean_net, 0.0),
+                              (self.scale_net, math.log(math.expm1(init_scale)))):
+                net[-1].weight.zero_()
+                net[-1].bias.fill_(bias)
+        self.to(dtype=dtype, device=device)
+        to_pyro_module_(self)
+
+    def forward(self, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``p (..., N, D_in) -> (loc, scale)``, each ``(..., N, D_out, M)``."""
+        shape = p.shape[:-1] + (self.output_dim, self.num_inducing)
+        loc = self.mean_net(p).reshape(shape)
+        scale = torch.nn.functional.softplus(self.scale_net(p)).reshape(shape)
+        return loc, scale
+
+
+def as_pyro_module(encoder, label: str) -> PyroModule:
+    """``encoder`` as a ``PyroModule`` (converted in place: its parameters then go through
+    Pyro's parameter store, so ``SVI`` trains them)."""
+    if not isinstance(encoder, torch.nn.Module):
+        raise TypeError(f"{label}: an encoder must be a torch.nn.Module, got "
+                        f"{type(encoder).__name__}")
+    if not isinstance(encoder, PyroModule):
+        to_pyro_module_(encoder)
+    return encoder
+
+
+def check_encoded(out, p: torch.Tensor, D: int, M: int, layer: str):
+    """The ``(loc, scale_tril)`` of an encoder's output at ``p (..., N, D_in)``.
+
+    :returns: ``loc (..., N, D, M)`` and ``scale_tril (..., N, D, M, M)``.
+    :raises ValueError: naming the layer and the expected shapes where they differ.
+    """
+    expected = tuple(p.shape[:-1]) + (D, M)
+    if not (isinstance(out, tuple | list) and len(out) == 2
+            and all(isinstance(t, torch.Tensor) for t in out)):
+        raise ValueError(f"Amortized: the encoder of layer '{layer}' must return a pair of "
+                         f"tensors (loc, scale), got {type(out).__name__}")
+    loc, scale = out
+    if tuple(loc.shape) != expected:
+        raise ValueError(f"Amortized: the encoder of layer '{layer}' returned loc of shape "
+                         f"{tuple(loc.shape)} for inputs {tuple(p.shape)}; expected (..., N, "
+                         f"D_out, M) = {expected}")
+    if tuple(scale.shape) == expected:
+        return loc, torch.diag_embed(scale)
+    if tuple(scale.shape) == expected + (M,):
+        return loc, scale.tril()
+    raise ValueError(f"Amortized: the encoder of layer '{layer}' returned scale of shape "
+                     f"{tuple(scale.shape)}; expected {expected} (diagonal) or "
+                     f"{expected + (M,)} (a Cholesky factor)")

@@ -1,0 +1,278 @@
+"""Amortized guides with input-dependent inducing points (Meng and Zhang 2024): the model-side
+AmortizedGPLayer, the Amortized guide (AR1, AR2, AR2P, AR2PP) and AmortizedELBO, checked
+against closed forms computed here from the definitions."""
+
+import math
+
+import numpy as np
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer import SVI, Trace_ELBO
+from pyro.nn import PyroModule
+
+import pyro_dgp as dgp
+from pyro_dgp.guides.amortized import gauss_hermite_rule
+from pyro_dgp.infer.alpha import LocalAlpha
+from pyro_dgp.infer.elbo import AnalyticKL_ELBO
+
+DT = torch.float64
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    pyro.clear_param_store()
+    with pyro.validation_enabled(False):
+        yield
+
+
+class PriorEncoder(torch.nn.Module):
+    """q(u_n) = N(0, I): the whitened prior."""
+
+    def __init__(self, D, M):
+        super().__init__()
+        self.D, self.M = D, M
+
+    def forward(self, p):
+        shape = p.shape[:-1] + (self.D, self.M)
+        return p.new_zeros(shape), p.new_ones(shape)
+
+
+def _model(dims, M=3, kl_weight="one", N=None, means=None, seed=0):
+    torch.manual_seed(seed)
+    layers = []
+    for i, (a, b) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
+        mean = (means or ["zero"] * len(dims))[i]
+        kern = dgp.kernels.RBF(a, variance=torch.tensor(1.3, dtype=DT),
+                               lengthscale=torch.tensor(0.8, dtype=DT))
+        layers.append(dgp.AmortizedGPLayer(a, b, inducing_offsets=torch.randn(M, a, dtype=DT),
+                                           kernel=kern, mean=mean, kl_weight=kl_weight))
+    return dgp.DeepGP(layers, dgp.likelihoods.Gaussian(
+        torch.tensor(0.2, dtype=DT)), num_data=N)
+
+
+def _perturb(guide, X, y, scale=0.3, seed=1):
+    """Random encoder parameters, so that q(u_n) differs by point and from the prior."""
+    guide.setup(X, y)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in guide.encoders.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+
+
+def _expected_loglik(y, m, v, noise):
+    return -0.5 * (math.log(2 * math.pi) + noise.log() + ((y - m) ** 2 + v) / noise)
+
+
+def _kl_std_normal(mu, s):
+    return 0.5 * (s ** 2 + mu ** 2 - 1 - 2 * s.log()).sum((-2, -1))
+
+
+def test_prior_encoder_gives_zero_kl_and_the_prior_expected_loglik():
+    torch.manual_seed(0)
+    X, y = torch.randn(7, 2, dtype=DT), torch.randn(7, dtype=DT)
+    model = _model([2, 2, 1], means=["identity", "zero"])
+    enc = {"layer1": PriorEncoder(2, 3), "layer2": PriorEncoder(1, 3)}
+    for rule in ("AR1", "AR2", "AR2P"):
+        guide = dgp.guides.Amortized(model, encoder=enc, rule=rule, num_paths=4)
+        guide.setup(X, y)
+        guide_trace, model_trace = guide.traces(X, y)
+        for name in ("layer1.u", "layer2.u"):
+            kl = torch.distributions.kl_divergence(guide_trace.nodes[name]["fn"],
+                                                   model_trace.nodes[name]["fn"])
+            assert kl.abs().max() < 1e-12
+        # last layer: zero mean, stationary kernel, so f ~ N(0, k(x, x)) whatever f^1
+        expected = _expected_loglik(y, 0.0, torch.tensor(1.3, dtype=DT),
+                                    torch.tensor(0.2, dtype=DT)).sum()
+        for objective in (dgp.AmortizedELBO(), AnalyticKL_ELBO()):
+            assert -objective.loss(model, guide, X, y) == pytest.approx(float(expected),
+                                                                      abs=1e-9)
+
+
+def _closed_form_one_layer(model, guide, x, y):
+    """E_{N(f; m, v)} log N(y | f, s2) - KL(N(mu, s^2) || N(0, I)), all written out."""
+    layer = model.layers[0]
+    with torch.no_grad():
+        mu, s = guide.encoders.layer1(x)  # (1, D, M)
+        W, b = layer.affine_weight, layer.inducing_points
+        Z = (W @ x[0]) + b  # (M, D_in)
+        var, ls = 1.3, 0.8
+
+        def k(a, c):
+            return var * torch.exp(-0.5 * ((a[:, None] - c[None]) ** 2).sum(-1) / ls ** 2)
+        Kzz = k(Z, Z)
+        Kzz = Kzz + 1e-6 * Kzz.diagonal().mean() * torch.eye(len(Z), dtype=DT)
+        L = torch.linalg.cholesky(Kzz)
+        a = torch.linalg.solve_triangular(L, k(Z, x), upper=False)[:, 0]  # (M,)
+        m = (mu[0, 0] * a).sum()
+        v = var - (a * a).sum() + ((s[0, 0] * a) ** 2).sum()
+        return float(_expected_loglik(y[0], m, v, torch.tensor(0.2, dtype=DT))
+                     - _kl_std_normal(mu, s)[0])
+
+
+def test_ar2_one_layer_one_point_matches_its_closed_form():
+    x, y = torch.tensor([[0.3, -0.4]], dtype=DT), torch.tensor([0.5], dtype=DT)
+    model = _model([2, 1], M=4)
+    guide = dgp.guides.Amortized(model, rule="AR2", num_paths=16)
+    _perturb(guide, x, y)
+    exact = _closed_form_one_layer(model, guide, x, y)
+    # analytic KL: exact for any number of paths
+    assert -dgp.AmortizedELBO().loss(model, guide, x, y) == pytest.approx(exact, abs=1e-8)
+    # Trace_ELBO, S paths as vectorised particles: KL by log p(u) - log q(u) at the draws
+    elbo = Trace_ELBO(num_particles=2000, vectorize_particles=True, max_plate_nesting=1)
+    torch.manual_seed(3)
+    estimates = np.array([-elbo.loss(model, guide, x, y) for _ in range(10)])
+    se = estimates.std(ddof=1) / math.sqrt(len(estimates))
+    assert se > 0
+    assert abs(estimates.mean() - exact) < 4 * se
+
+
+def test_ar2p_gauss_hermite_nodes_reproduce_the_gauss_hermite_expectation():
+    S = 8
+    torch.manual_seed(2)
+    X, y = torch.randn(3, 1, dtype=DT), torch.randn(3, dtype=DT)
+    model = _model([1, 1, 1], means=["identity", "zero"])
+    guide = dgp.guides.Amortized(model, rule="AR2P", num_paths=S, inner_scale=0.5)
+    _perturb(guide, X, y)
+    nodes, weights = gauss_hermite_rule(S)
+    guide.set_quadrature(torch.tensor(nodes), torch.tensor(weights))
+    got = -dgp.AmortizedELBO().loss(model, guide, X, y)
+    l1, l2 = model.layers
+    noise = torch.tensor(0.2, dtype=DT)
+    with torch.no_grad():
+        mu1, s1 = guide.encoders.layer1(X)
+        m1, v1 = l1.local_conditional(X, mu1, torch.diag_embed(s1))  # (N, 1)
+        mu2, s2 = guide.encoders.layer2(m1)  # the paths' weighted mean is m1 at layer 1
+        expected = -_kl_std_normal(mu1, s1).sum() - _kl_std_normal(mu2, s2).sum()
+        for xk, wk in zip(nodes, weights, strict=True):
+            f1 = m1 + float(xk) * v1.sqrt()
+            m2, v2 = l2.local_conditional(f1, mu2, torch.diag_embed(s2), at=m1)
+            expected = expected + float(wk) * _expected_loglik(y, m2[:, 0], v2[:, 0],
+                                                               noise).sum()
+    assert got == pytest.approx(float(expected), abs=1e-9)
+
+
+@pytest.mark.parametrize("kl_weight", ["one", "1/N"])
+def test_minibatch_objective_is_unbiased_for_the_full_data_objective(kl_weight):
+    N, B = 12, 4
+    torch.manual_seed(4)
+    X, y = torch.randn(N, 2, dtype=DT), torch.randn(N, dtype=DT)
+    model = _model([2, 2, 1], kl_weight=kl_weight, N=N, means=["identity", "zero"])
+    guide = dgp.guides.Amortized(model, rule="AR2P", num_paths=5, inner_scale=0.3)
+    _perturb(guide, X, y)
+    objective = dgp.AmortizedELBO()
+    full = -objective.loss(model, guide, X, y)
+    # the paths are quadrature nodes: each batch's objective is deterministic, so the mean
+    # over the batches of a partition is the full-data objective exactly
+    perm = torch.randperm(N)
+    parts = [-objective.loss(model, guide, X[i], y[i]) for i in perm.split(B)]
+    assert np.mean(parts) == pytest.approx(full, abs=1e-9)
+    # random batches: mean within Monte Carlo error
+    draws = np.array([-objective.loss(model, guide, X[i], y[i])
+                      for i in (torch.randperm(N)[:B] for _ in range(200))])
+    se = draws.std(ddof=1) / math.sqrt(len(draws))
+    assert abs(draws.mean() - full) < 4 * se
+    # the 1/N weight: the per-point KL enters N times less than with weight one
+    if kl_weight == "1/N":
+        weighted = [-objective.loss(model, guide, X[i], y[i]) for i in perm.split(B)]
+        for layer in model.layers:
+            layer.kl_weight = "one"
+        unweighted = [-objective.loss(model, guide, X[i], y[i]) for i in perm.split(B)]
+        assert np.mean(weighted) > np.mean(unweighted)
+
+
+def test_ar2pp_with_uniform_weights_is_the_alpha_one_objective():
+    S = 6
+    torch.manual_seed(5)
+    X, y = torch.randn(5, 2, dtype=DT), torch.randn(5, dtype=DT)
+    model = _model([2, 2, 1], N=5, means=["identity", "zero"])
+    guide = dgp.guides.Amortized(model, rule="AR2PP", num_paths=S, inner_scale=0.3)
+    _perturb(guide, X, y)
+    # uniform weights: systematic resampling under the alpha plate takes every node once
+    ours = dgp.AmortizedELBO().loss(model, guide, X, y)
+    alpha_one = LocalAlpha(alpha=1.0, num_samples=S).loss(model, guide, X, y)
+    assert ours == pytest.approx(alpha_one, abs=1e-9)
+    assert dgp.AmortizedELBO(predictive=False).loss(model, guide, X, y) > ours
+
+
+def test_wrong_encoder_output_names_the_layer_and_the_shape():
+    class Bad(torch.nn.Module):
+        def forward(self, p):
+            return p.new_zeros(p.shape[:-1] + (2, 5)), p.new_ones(p.shape[:-1] + (2, 5))
+
+    X, y = torch.randn(4, 2, dtype=DT), torch.randn(4, dtype=DT)
+    model = _model([2, 2, 1])
+    guide = dgp.guides.Amortized(model, encoder={"layer1": Bad()})
+    with pytest.raises(ValueError, match=r"layer 'layer1'.*expected .*\(4, 2, 3\)"):
+        guide(X, y)
+    with pytest.raises(ValueError, match="local inducing outputs"):
+        dgp.guides.MeanField(model)(X, y)
+    plain = dgp.DeepGP.regression(X, y, num_layers=1, num_inducing=3)
+    with pytest.raises(ValueError, match="AmortizedGPLayer"):
+        dgp.guides.Amortized(plain)(X, y)
+
+
+class HandWritten(PyroModule):
+    def __init__(self):
+        super().__init__()
+        self.warp = dgp.AmortizedGPLayer(1, 1, inducing_offsets=torch.randn(3, 1, dtype=DT),
+                                         mean="identity")
+        self.top = dgp.AmortizedGPLayer(1, 1, inducing_offsets=torch.randn(3, 1, dtype=DT))
+        self.num_data = None
+
+    def forward(self, x, y=None):
+        B = x.shape[-2]
+        plate = pyro.plate("data", size=self.num_data or B, subsample=torch.arange(B))
+        f = self.top(self.warp(x, plate=plate), plate=plate)
+        with plate:
+            return pyro.sample("y", dist.Normal(f.squeeze(-1), 0.1), obs=y)
+
+
+@pytest.mark.parametrize("rule", ["AR1", "AR2", "AR2P", "AR2PP"])
+def test_training_a_hand_written_model_and_predicting(rule):
+    torch.manual_seed(6)
+    X = torch.linspace(-2, 2, 30, dtype=DT).unsqueeze(-1)
+    y = torch.sin(2 * X[:, 0])
+    model = HandWritten()
+    guide = dgp.guides.Amortized(model, rule=rule, num_paths=4)
+    objective = dgp.AmortizedELBO()
+    start = objective.loss(model, guide, X, y)
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.02}), objective)
+    for _ in range(40):
+        svi.step(X, y)
+    assert objective.loss(model, guide, X, y) < start
+    with pytest.raises(NotImplementedError, match="sample path"):
+        guide.sample_paths()
+
+
+def test_fit_and_predict_on_a_deep_gp():
+    torch.manual_seed(7)
+    X = torch.randn(40, 2, dtype=DT)
+    y = torch.sin(X.sum(-1))
+    model = _model([2, 2, 1], N=40, means=["identity", "zero"])
+    guide = dgp.guides.Amortized(model, rule="AR2P", num_paths=4)
+    result = dgp.fit(model, guide, X, y, num_steps=30, batch_size=20, progress=False,
+                     objective=dgp.AmortizedELBO())
+    assert result.losses[-1] < result.losses[0]
+    pred = dgp.predict(model, guide, X[:6], num_samples=16, seed=0)
+    assert pred.mean.shape == (6,) and torch.isfinite(pred.log_prob(y[:6])).all()
+    auto = dgp.fit(model, dgp.guides.Amortized(model, rule="AR1"), X, y, num_steps=5,
+                   progress=False)
+    assert np.isfinite(auto.losses).all()
+
+
+def test_datatree_and_layer_summary_of_an_amortized_fit():
+    """Per-point inducing outputs land in the posterior group with an observation dim."""
+    pyro.clear_param_store()
+    model = _model([1, 2, 1])
+    X = torch.linspace(-1, 1, 12, dtype=DT)[:, None]
+    y = torch.sin(3 * X[:, 0])
+    guide = dgp.guides.Amortized(model, rule="AR1", num_paths=4)
+    dgp.fit(model, guide, X, y, num_steps=3, progress=False, final_elbo_particles=0)
+    tree = dgp.to_datatree(model, guide, X, y, num_samples=5, seed=0)
+    u = tree["posterior"]["layer1.u"]
+    assert u.dims == ("chain", "draw", "obs", "layer1_unit", "layer1_inducing")
+    assert u.shape == (1, 5, 12, 2, 3)
+    table = dgp.layer_summary(tree)
+    assert list(table.index) == ["layer1", "layer2"] and np.isfinite(table["f_var"]).all()
