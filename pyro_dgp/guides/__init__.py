@@ -9,7 +9,9 @@ from .coupled import Coupled
 from .gaussian import LayerGaussian
 from .joint import JointGaussian
 from .meanfield import MeanField
+from .mixing import MixingNetwork, SemiImplicitNormal
 from .prototype import LayerSite
+from .semi_implicit import SemiImplicit
 
 __all__ = [
     "Amortized",
@@ -21,6 +23,9 @@ __all__ = [
     "LayerGuide",
     "LayerSite",
     "MeanField",
+    "MixingNetwork",
+    "SemiImplicit",
+    "SemiImplicitNormal",
     "complete",
     "inducing_only",
     "sample_paths",

@@ -1,0 +1,191 @@
+"""Semi-implicit conditionals and their entropy surrogates (Yin and Zhou 2018; Molchanova et
+al. 2019).
+
+A semi-implicit distribution mixes an explicit Gaussian over a noise variable that the
+density never needs:
+
+    q(u | c) = int N(u | mu(eps, c), diag sigma(eps, c)^2) N(eps | 0, I) d eps,
+
+with ``mu`` and ``sigma`` a neural network of the noise ``eps`` and of a conditioning value
+``c`` (the layer below's inducing outputs in a deep GP). Its log-density is intractable; with
+``u`` drawn from the component of ``eps_0`` and ``K`` further independent draws
+``eps_1..eps_K``,
+
+    log q_K(u | c) = log (1 / (K + 1)) sum_{k=0}^K N(u | mu(eps_k, c), diag sigma(eps_k, c)^2)
+
+has ``E[log q_K] >= E[log q]``: its negative expectation is a lower bound on the entropy
+that tightens as ``K`` grows (Yin and Zhou 2018; Molchanov et al. 2019), so in an ELBO it
+gives an upper bound on ``E log q(u) - log p(u)`` and a lower bound on the evidence.
+
+- Structured (SSIVI, Molchanova et al. 2019): a chain ``q(u^1) prod_l q(u^l | u^{l-1})`` of such
+  conditionals, each with its own noise, takes the ``logsumexp`` over ``k`` per conditional.
+- Plain SIVI over the same chain treats ``(eps^1, ..., eps^L)`` as one mixing variable and
+  takes the ``logsumexp`` over ``k`` of the sum over the conditionals
+  (:func:`surrogate_log_prob` of all components), which is looser: Theorem 1 of Molchanova
+  et al. 2019, ``H >= H_SSIVI >= H_SIVI``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import pyro.distributions as dist
+import torch
+from pyro.distributions import constraints
+from pyro.nn import PyroModule
+from pyro.nn.module import to_pyro_module_
+
+__all__ = ["MixingNetwork", "SemiImplicitNormal", "surrogate_log_prob"]
+
+
+def _inverse_softplus(x: torch.Tensor) -> torch.Tensor:
+    return x + torch.log(-torch.expm1(-x))
+
+
+class MixingNetwork(PyroModule):
+    """``(eps (..., noise_dim), c (..., cond_dim)) -> (loc, scale)``, each ``(..., D, M)``:
+    a multilayer perceptron (LeakyReLU(0.2)) of the concatenation ``[eps; c]`` with two heads,
+    the mean and the softplus of the scale.
+
+    The output layer starts at zero weight and at the biases ``init_loc`` and
+    ``init_scale``: at the start the conditional is the Gaussian
+    ``N(init_loc, diag init_scale^2)`` for every ``eps`` and ``c``, and training adds the
+    mixing and the dependence on ``c``.
+
+    :param noise_dim: the size of ``eps``; :param cond_dim: the size of ``c`` (0: none).
+    :param hidden: the widths of the hidden layers (at least one).
+    :param init_loc: ``(D, M)``; :param init_scale: ``(D, M)`` positive; their dtype and
+        device are the network's.
+    """
+
+    def __init__(self, noise_dim: int, cond_dim: int, hidden: Sequence[int],
+                 init_loc: torch.Tensor, init_scale: torch.Tensor):
+        super().__init__()
+        if not hidden:
+            raise ValueError("MixingNetwork: hidden must hold at least one layer width")
+        self.shape = tuple(init_loc.shape)
+        n = init_loc.numel()
+        like = {"dtype": init_loc.dtype, "device": init_loc.device}
+        # the first layer on [eps; c] split in two, so W_c c is computed once for all K + 1
+        # draws of eps that share c
+        self.noise_in = torch.nn.Linear(noise_dim, hidden[0], **like)
+        self.cond_in = torch.nn.Linear(cond_dim, hidden[0], bias=False, **like) if cond_dim \
+            else None
+        body: list[torch.nn.Module] = [torch.nn.LeakyReLU(0.2)]
+        for a, b in zip(hidden[:-1], hidden[1:], strict=True):
+            body += [torch.nn.Linear(a, b, **like), torch.nn.LeakyReLU(0.2)]
+        body.append(torch.nn.Linear(hidden[-1], 2 * n, **like))
+        self.body = torch.nn.Sequential(*body)
+        with torch.no_grad():
+            self.body[-1].weight.zero_()
+            self.body[-1].bias.copy_(torch.cat([init_loc.reshape(n),
+                                                _inverse_softplus(init_scale.reshape(n))]))
+        to_pyro_module_(self)
+
+    def forward(self, eps: torch.Tensor, cond: torch.Tensor | None = None):
+        """``eps (..., noise_dim)``, ``cond (..., cond_dim)`` broadcast against each other ->
+        ``(loc, scale)``, each ``(..., D, M)``."""
+        h = self.noise_in(eps)
+        if self.cond_in is not None:
+            if cond is None:
+                raise ValueError("MixingNetwork: this network conditions on a value c; none "
+                                 "was given")
+            h = h + self.cond_in(cond)
+        loc, raw = self.body(h).chunk(2, dim=-1)
+        return loc.unflatten(-1, self.shape), torch.nn.functional.softplus(raw).unflatten(
+            -1, self.shape)
+
+
+class SemiImplicitNormal(dist.TorchDistribution):
+    """``q(u | c)`` of the module docstring, event shape ``(D, M)``, batch shape that of
+    the Pyro plates around the site.
+
+    ``rsample`` draws ``eps_0``, then ``u = mu(eps_0, c) + sigma(eps_0, c) z`` and keeps
+    ``eps_0`` with its draw. ``log_prob(u)`` is the surrogate ``log q_K(u | c)`` with ``eps_0``
+    that draw's noise; for any other value (replayed, or from elsewhere) all ``K + 1`` noises
+    are fresh, an estimate with ``E <= log q(u | c)`` by Jensen's inequality.
+
+    :param net: ``(eps (..., e), c (..., n_c) or None) -> (loc, scale)``, each
+        ``(..., D, M)`` (a :class:`MixingNetwork` or any callable of that contract).
+    :param cond: ``c (*batch_c, n_c)`` or ``None``, its batch dims broadcast with the site's.
+    :param noise_dim: ``e``; :param num_mixing: ``K``, the extra noise draws of the surrogate.
+    :param score: ``None`` for the surrogate of this conditional alone (SSIVI); else a
+        callable ``(self, value) -> (*batch,)`` that scores the site instead (plain SIVI
+        puts the joint surrogate of all conditionals at one site and zero at the others).
+    :param on_draw: called as ``on_draw(self, value)`` after each ``rsample`` (a guide keeps
+        the instance that drew, which Pyro's plates create by :meth:`expand`).
+    :param like: a tensor whose dtype and device the noise takes (default: ``cond``'s).
+    """
+
+    arg_constraints: dict = {}
+    support = constraints.independent(constraints.real, 2)
+    has_rsample = True
+
+    def __init__(self, net: Callable, cond: torch.Tensor | None, noise_dim: int,
+                 num_mixing: int, event_shape, batch_shape=(), score: Callable | None = None,
+                 on_draw: Callable | None = None, like: torch.Tensor | None = None):
+        self.net, self.cond, self.noise_dim, self.num_mixing = net, cond, noise_dim, num_mixing
+        self.score, self.on_draw, self.like = score, on_draw, like
+        self.own_draw: tuple | None = None  # (value, eps_0, loc, scale) of the latest rsample
+        super().__init__(torch.Size(batch_shape), torch.Size(event_shape), validate_args=False)
+
+    def expand(self, batch_shape, _instance=None):
+        return SemiImplicitNormal(self.net, self.cond, self.noise_dim, self.num_mixing,
+                                  self.event_shape, batch_shape, self.score, self.on_draw,
+                                  self.like)
+
+    def _noise(self, shape) -> torch.Tensor:
+        ref = self.like if self.like is not None else self.cond
+        kw = {} if ref is None else {"dtype": ref.dtype, "device": ref.device}
+        return torch.randn(tuple(shape) + (self.noise_dim,), **kw)
+
+    def rsample(self, sample_shape=torch.Size()):
+        shape = torch.Size(sample_shape) + self.batch_shape
+        eps = self._noise(shape)
+        loc, scale = self.net(eps, self.cond)
+        value = loc + scale * torch.randn_like(loc)
+        self.own_draw = (value, eps, loc, scale)
+        if self.on_draw is not None:
+            self.on_draw(self, value)
+        return value
+
+    def own_components(self, value: torch.Tensor):
+        """``(loc, scale)`` of the component that drew ``value`` (``None`` where ``value``
+        is not this distribution's latest draw)."""
+        own = self.own_draw
+        return (own[2], own[3]) if own is not None and value is own[0] else None
+
+    def component_log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        """``(*batch, K + 1)``: ``log N(value | mu(eps_k, c), diag sigma(eps_k, c)^2)``
+        summed over the event ``(D, M)``, with ``k = 0`` the noise that drew ``value``."""
+        batch = value.shape[:-2]
+        if self.cond is not None:
+            batch = torch.broadcast_shapes(batch, self.cond.shape[:-1])
+        own = self.own_components(value)
+        fresh = self._noise(batch + (self.num_mixing + (own is None),))
+        cond = None if self.cond is None else self.cond.unsqueeze(-2)  # over the K draws
+        loc, scale = self.net(fresh, cond)  # (*batch, K or K + 1, D, M)
+        if own is not None:
+            loc = torch.cat([own[0].expand(batch + own[0].shape[-2:]).unsqueeze(-3), loc], -3)
+            scale = torch.cat([own[1].expand(batch + own[1].shape[-2:]).unsqueeze(-3), scale],
+                              -3)
+        z = (value.unsqueeze(-3) - loc) / scale
+        log_n = -0.5 * z.square() - scale.log() - 0.5 * math.log(2 * math.pi)
+        return log_n.sum((-2, -1))
+
+    def log_prob(self, value):
+        if self.score is not None:
+            return self.score(self, value)
+        return surrogate_log_prob([self.component_log_prob(value)])
+
+
+def surrogate_log_prob(components: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``log (1 / (K + 1)) sum_k exp(sum_j components[j][..., k])``: the surrogate of the
+    product of conditionals whose ``(*batch, K + 1)`` component log-densities are given,
+    their ``k``-th noises taken as one mixing variable; one conditional's own surrogate
+    for a single entry (module docstring)."""
+    total = components[0]
+    for c in components[1:]:
+        total = total + c
+    return torch.logsumexp(total, -1) - math.log(total.shape[-1])

@@ -1,0 +1,274 @@
+"""Semi-implicit guides (SIVI: Yin and Zhou 2018; SSIVI: Molchanova et al. 2019): the entropy
+surrogates against a family with a known marginal (Theorem 1), the reduction to a Gaussian
+guide when the mixing is switched off, and training, prediction and export on deep GPs."""
+
+import math
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro import poutine
+from pyro.infer import SVI, Trace_ELBO
+from pyro.nn import PyroModule
+
+import pyro_dgp as dgp
+from pyro_dgp.guides.mixing import MixingNetwork, SemiImplicitNormal, surrogate_log_prob
+
+DT = torch.float64
+SMALL = {"num_mixing": 10, "noise_dim": 8, "hidden": (32, 32)}
+
+
+# ----------------------------------------------------------------- Theorem 1, known marginal
+class LinearChain:
+    """``z_l | z_{l-1}, eps_l ~ N(B_l z_{l-1} + A_l eps_l, s^2 I)``, ``eps_l ~ N(0, I)``: a
+    structured semi-implicit distribution whose joint is Gaussian,
+    ``z = (I - B)^{-1} (A eps + s xi)``, so its entropy is known."""
+
+    def __init__(self, L=3, m=2, e=2, s=0.3, seed=1):
+        g = torch.Generator().manual_seed(seed)
+        self.L, self.m, self.e, self.s = L, m, e, s
+        self.A = [torch.randn(m, e, generator=g, dtype=DT) for _ in range(L)]
+        self.B = [None] + [0.8 * torch.randn(m, m, generator=g, dtype=DT)
+                           for _ in range(L - 1)]
+
+    def net(self, l):
+        def net(eps, cond=None):
+            loc = eps @ self.A[l].mT
+            if cond is not None:
+                loc = loc + cond @ self.B[l].mT
+            loc = loc.unsqueeze(-2)  # event (D, M) = (1, m)
+            return loc, torch.full_like(loc, self.s)
+        return net
+
+    def entropy(self) -> float:
+        n, m = self.L * self.m, self.m
+        B = torch.zeros(n, n, dtype=DT)
+        for l in range(1, self.L):
+            B[l * m:(l + 1) * m, (l - 1) * m:l * m] = self.B[l]
+        T = torch.linalg.inv(torch.eye(n, dtype=DT) - B)
+        A = torch.block_diag(*self.A)
+        cov = T @ (A @ A.mT + self.s ** 2 * torch.eye(n, dtype=DT)) @ T.mT
+        return float(0.5 * torch.logdet(2 * math.pi * math.e * cov))
+
+    def surrogates(self, K, S, seed):
+        """``(S,)`` draws of ``-log q_K`` under SSIVI and SIVI, from the same draws."""
+        torch.manual_seed(seed)
+        cond, comps = None, []
+        like = torch.zeros((), dtype=DT)
+        for l in range(self.L):
+            q = SemiImplicitNormal(self.net(l), cond, self.e, K, (1, self.m), (S,), like=like)
+            z = q.rsample()
+            comps.append(q.component_log_prob(z))
+            cond = z.flatten(-2)
+        return -sum(surrogate_log_prob([c]) for c in comps), -surrogate_log_prob(comps)
+
+
+def _mean_se(x):
+    return float(x.mean()), float(x.std() / math.sqrt(x.numel()))
+
+
+def test_entropy_surrogates_order_and_tighten_as_in_theorem_1():
+    chain = LinearChain()
+    H = chain.entropy()
+    S, z = 4000, 4.0  # draws per K; tolerances in standard errors
+    ssivi, sivi = {}, {}
+    for K in (1, 10, 100):
+        a, b = chain.surrogates(K, S, seed=K)
+        ssivi[K], sivi[K] = _mean_se(a), _mean_se(b)
+        # H >= H_SSIVI >= H_SIVI (Theorem 1), within Monte Carlo error
+        assert ssivi[K][0] <= H + z * ssivi[K][1], (K, H, ssivi[K])
+        gap = _mean_se(a - b)  # paired: the same draws of z and of the noises
+        assert gap[0] >= -z * gap[1], (K, gap)
+        # for this family the SSIVI bound is strictly tighter
+        assert gap[0] > z * gap[1], (K, gap)
+    for small, large in ((1, 10), (10, 100)):  # both tighten as K grows
+        for bound in (ssivi, sivi):
+            diff = bound[large][0] - bound[small][0]
+            assert diff > z * math.hypot(bound[large][1], bound[small][1]), (small, large,
+                                                                           bound)
+    assert H - ssivi[100][0] < 0.1 * (H - ssivi[1][0])  # K = 100 is close to H here
+
+
+def test_structured_log_prob_is_the_per_conditional_surrogate():
+    chain = LinearChain()
+    cond = torch.randn(5, 2, dtype=DT)
+    q = SemiImplicitNormal(chain.net(1), cond, chain.e, 7, (1, 2), (5,))
+    z = q.rsample()
+    torch.manual_seed(3)
+    direct = q.log_prob(z)
+    torch.manual_seed(3)
+    assert torch.equal(direct, surrogate_log_prob([q.component_log_prob(z)]))
+    # the drawing noise is component 0: the value is scored against its own Gaussian there
+    own_loc, own_scale = q.own_components(z)
+    comps = q.component_log_prob(z)
+    expected = dist.Normal(own_loc, own_scale).log_prob(z).sum((-2, -1))
+    assert torch.allclose(comps[..., 0], expected)
+    assert comps.shape == (5, 8)
+
+
+# ----------------------------------------------------------------- reduction to a Gaussian
+@pytest.mark.parametrize("K", [1, 10, 100])
+def test_constant_mixing_gives_the_gaussian_density(K):
+    loc = torch.randn(2, 3, dtype=DT)
+    scale = torch.rand(2, 3, dtype=DT) + 0.1
+    net = MixingNetwork(4, 5, (6,), loc, scale)  # output layer zero: independent of eps, c
+    cond = torch.randn(7, 5, dtype=DT)
+    q = SemiImplicitNormal(net, cond, 4, K, (2, 3), (7,))
+    gaussian = dist.Normal(loc, scale).to_event(2)
+    own = q.rsample()
+    other = torch.randn(7, 2, 3, dtype=DT)
+    for value in (own, other):
+        assert torch.allclose(q.log_prob(value), gaussian.log_prob(value), atol=1e-12)
+
+
+def _step_data():
+    data = dgp.datasets.step(n_train=40)
+    return data.X_train, data.y_train
+
+
+def test_constant_mixing_elbo_equals_the_meanfield_elbo():
+    X, y = _step_data()
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=8)
+    si = dgp.guides.SemiImplicit(model, **SMALL)
+    mf = dgp.guides.MeanField(model)
+    g = torch.Generator().manual_seed(5)
+    for name in si.layer_names:
+        net = si.mixing_network(name)
+        n = net.body[-1].bias.shape[0] // 2
+        loc = 0.2 * torch.randn(n, generator=g, dtype=DT)
+        low = 0.05 if si.site(name).is_last else 0.005  # the inner draws drive the noise
+        scale = low * (1 + 4 * torch.rand(n, generator=g, dtype=DT))
+        with torch.no_grad():  # a constant network: q(u^l) = N(loc, diag scale^2)
+            net.body[-1].bias.copy_(torch.cat([loc, scale.expm1().log()]))
+        mf.set_q(dist.MultivariateNormal(loc, scale_tril=torch.diag(scale)), layer=name)
+    a = dgp.elbo(model, si, X, y, num_particles=200, seed=1)
+    b = dgp.elbo(model, mf, X, y, num_particles=50, seed=2)
+    assert math.isfinite(a.value) and math.isfinite(b.value)
+    assert abs(a.value - b.value) < 4 * math.hypot(a.stderr, b.stderr) + 1e-9, (a, b)
+    assert a.stderr < 1.0  # fine enough to see a missing log(K + 1) per layer (2 log 11)
+
+
+# ----------------------------------------------------------------- deep GPs
+def _surrogate_log_q(guide, X, S, seed):
+    """``(S,)`` sum over layers of the ``.u`` sites' log-densities in one vectorised run."""
+    torch.manual_seed(seed)
+    with torch.no_grad(), pyro.plate("_draws", S, dim=-2):
+        trace = poutine.trace(guide).get_trace(X)
+        trace.compute_log_prob()
+    return sum(trace.nodes[f"{name}.u"]["log_prob"].reshape(S) for name in guide.layer_names)
+
+
+def test_sivi_is_looser_than_ssivi_on_a_deep_gp():
+    X, y = _step_data()
+    model = dgp.DeepGP.regression(X, y, num_layers=3, num_inducing=5)
+    guide = dgp.guides.SemiImplicit(model, num_mixing=10, noise_dim=2, hidden=(16,))
+    torch.manual_seed(0)
+    with torch.no_grad():  # mixing that matters: random output weights
+        for name in guide.layer_names:
+            guide.mixing_network(name).body[-1].weight.normal_(0.0, 0.5)
+    S = 2000
+    ssivi = _surrogate_log_q(guide, X, S, seed=1)
+    guide.structured = False
+    sivi = _surrogate_log_q(guide, X, S, seed=1)  # the same draws and the same noises
+    gap = _mean_se(sivi - ssivi)  # E log q_SIVI >= E log q_SSIVI: a looser entropy bound
+    assert gap[0] > 4 * gap[1], gap
+
+
+@pytest.mark.parametrize("structured", [True, False])
+def test_short_fit_predict_and_export(structured):
+    X, y = _step_data()
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=10)
+    guide = dgp.guides.SemiImplicit(model, structured=structured, **SMALL)
+    result = dgp.fit(model, guide, X, y, num_steps=50, lr=0.01, objective="elbo",
+                     progress=False, final_elbo_particles=4)
+    losses = torch.tensor(result.losses)
+    assert torch.isfinite(losses).all()
+    assert losses[-10:].mean() < losses[:10].mean()
+    assert math.isfinite(result.final_elbo)
+    X_test = torch.linspace(-1, 1, 25, dtype=DT).unsqueeze(-1)
+    pred = dgp.predict(model, guide, X_test, num_samples=16, seed=0)
+    assert pred.mean.shape == (25,) and torch.isfinite(pred.mean).all()
+    assert (pred.variance > 0).all()
+    tree = dgp.to_datatree(model, guide, X, y, num_samples=16, seed=0)
+    assert {"posterior", "layers", "log_likelihood"} <= set(tree.children)
+    assert tree["posterior"]["layer1.u"].shape[:2] == (1, 16)
+
+
+def test_local_alpha_objective_and_multiple_particles():
+    X, y = _step_data()
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6)
+    guide = dgp.guides.SemiImplicit(model, **SMALL)
+    a = dgp.fit(model, guide, X, y, num_steps=5, objective="alpha", alpha=0.5, progress=False,
+                final_elbo_particles=0)
+    b = dgp.fit(model, guide, X, y, num_steps=5, num_particles=3, progress=False,
+                final_elbo_particles=0)
+    assert all(math.isfinite(v) for v in a.losses + b.losses)
+
+
+class HandWritten(PyroModule):
+    """A warping GP layer feeding a periodic GP layer."""
+
+    def __init__(self):
+        super().__init__()
+        Z = torch.linspace(-1, 1, 12, dtype=DT).unsqueeze(-1)
+        self.warp = dgp.GPLayer(1, 1, inducing_points=Z, kernel=dgp.kernels.RBF(1),
+                                mean="identity")
+        self.g = dgp.GPLayer(1, 1, inducing_points=Z.clone(), kernel=dgp.kernels.Periodic(1))
+        self.to(DT)
+
+    def forward(self, x, y=None):
+        f = self.g(self.warp(x))
+        with pyro.plate("data", x.shape[-2]):
+            return pyro.sample("y", dist.Normal(f.squeeze(-1), 0.1), obs=y)
+
+
+def test_hand_written_model_with_plain_svi():
+    x = torch.linspace(-1, 1, 40, dtype=DT).unsqueeze(-1)
+    y = torch.sin(6 * x.squeeze(-1) ** 3)
+    model = HandWritten()
+    guide = dgp.guides.SemiImplicit(model, **SMALL)
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.02}), Trace_ELBO())
+    losses = [svi.step(x, y) for _ in range(40)]
+    assert all(math.isfinite(v) for v in losses)
+    assert sum(losses[-10:]) < sum(losses[:10])
+    with guide.sample_paths():
+        trace = poutine.trace(guide).get_trace(x)
+    assert {"warp.u", "warp.f", "g.u", "g.f"} <= set(trace.nodes)
+
+
+def test_float32_runs():
+    X, y = _step_data()
+    X, y = X.float(), y.float()
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6)
+    guide = dgp.guides.SemiImplicit(model, **SMALL)
+    result = dgp.fit(model, guide, X, y, num_steps=3, progress=False, final_elbo_particles=0)
+    assert all(math.isfinite(v) for v in result.losses)
+    assert guide.mixing_network("layer1").body[-1].bias.dtype == torch.float32
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"num_mixing": 0}, "num_mixing"),
+    ({"noise_dim": -1}, "noise_dim"),
+    ({"hidden": ()}, "hidden"),
+    ({"hidden": 100}, "hidden"),
+    ({"structured": "yes"}, "structured"),
+    ({"inner_variance": 0.0}, "inner_variance"),
+])
+def test_bad_arguments_are_named(kwargs, match):
+    X, y = _step_data()
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=4)
+    with pytest.raises((ValueError, TypeError), match=match):
+        dgp.guides.SemiImplicit(model, **kwargs)
+
+
+def test_no_gaussian_q_and_no_tractable_log_q():
+    X, y = _step_data()
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=4)
+    guide = dgp.guides.SemiImplicit(model, **SMALL)
+    with pytest.raises(NotImplementedError, match="not Gaussian"):
+        guide.q("layer1")
+    with pytest.raises(ValueError, match="semi-implicit"):
+        dgp.variational_pareto_k(model, guide, X, y, num_samples=8)
+    with pytest.raises(ValueError, match="importance weight"):
+        dgp.fit(model, guide, X, y, num_steps=1, objective="renyi", progress=False)
