@@ -32,3 +32,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip)
+
+
+@pytest.fixture
+def float64_local_params():
+    """Parameters built in float64 (so a variance of 0.3 is 0.3, not its float32 rounding) and
+    kept module-local (no aliasing of same-named parameters across likelihood instances)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    with pyro.settings.context(module_local_params=True):
+        yield
+    torch.set_default_dtype(old)

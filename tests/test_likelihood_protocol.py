@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 
 import numpy as np
-import pyro
 import pyro.distributions as dist
 import pytest
 import torch
@@ -29,13 +28,7 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "likelihoods.md"
 Z = 4.0
 
 
-@pytest.fixture(autouse=True)
-def _float64_local_params():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(DT)
-    with pyro.settings.context(module_local_params=True):
-        yield
-    torch.set_default_dtype(old)
+pytestmark = pytest.mark.usefixtures("float64_local_params")
 
 
 class ProtocolGaussian(Likelihood):

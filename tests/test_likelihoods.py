@@ -5,7 +5,6 @@ Gauss-Hermite quadrature on polynomials."""
 import math
 
 import numpy as np
-import pyro
 import pytest
 import torch
 from scipy import integrate, special, stats
@@ -15,15 +14,7 @@ from pyro_dgp.likelihoods import BernoulliProbit, Gaussian, Likelihood, StudentT
 DT = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _float64_local_params():
-    """Parameters built in float64 (so a variance of 0.3 is 0.3, not its float32 rounding) and
-    kept module-local (no aliasing of same-named parameters across likelihood instances)."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(DT)
-    with pyro.settings.context(module_local_params=True):
-        yield
-    torch.set_default_dtype(old)
+pytestmark = pytest.mark.usefixtures("float64_local_params")
 
 
 def _t(x):

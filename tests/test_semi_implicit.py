@@ -10,10 +10,10 @@ import pytest
 import torch
 from pyro import poutine
 from pyro.infer import SVI, Trace_ELBO
-from pyro.nn import PyroModule
 
 import pyro_dgp as dgp
 from pyro_dgp.guides.mixing import MixingNetwork, SemiImplicitNormal, surrogate_log_prob
+from tests.test_guides import HandWritten  # the warp + periodic model of the design
 
 DT = torch.float64
 SMALL = {"num_mixing": 10, "noise_dim": 8, "hidden": (32, 32)}
@@ -204,23 +204,6 @@ def test_local_alpha_objective_and_multiple_particles():
     b = dgp.fit(model, guide, X, y, num_steps=5, num_particles=3, progress=False,
                 final_elbo_particles=0)
     assert all(math.isfinite(v) for v in a.losses + b.losses)
-
-
-class HandWritten(PyroModule):
-    """A warping GP layer feeding a periodic GP layer."""
-
-    def __init__(self):
-        super().__init__()
-        Z = torch.linspace(-1, 1, 12, dtype=DT).unsqueeze(-1)
-        self.warp = dgp.GPLayer(1, 1, inducing_points=Z, kernel=dgp.kernels.RBF(1),
-                                mean="identity")
-        self.g = dgp.GPLayer(1, 1, inducing_points=Z.clone(), kernel=dgp.kernels.Periodic(1))
-        self.to(DT)
-
-    def forward(self, x, y=None):
-        f = self.g(self.warp(x))
-        with pyro.plate("data", x.shape[-2]):
-            return pyro.sample("y", dist.Normal(f.squeeze(-1), 0.1), obs=y)
 
 
 def test_hand_written_model_with_plain_svi():
