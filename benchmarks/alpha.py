@@ -36,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="alpha_runs.jsonl", help="JSON lines of finished runs")
     p.add_argument("--no-record", action="store_true", help="no line in results/uci.jsonl")
     p.add_argument("--quiet", action="store_true", help="no per-step progress bar")
+    p.add_argument("--device", default="cpu", help="as uci.py --device")
+    p.add_argument("--dtype", default="float64", help="as uci.py --dtype")
+    p.add_argument("--init", default="package", help="as uci.py --init")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs at a time over every guide, alpha, set and split (uci.py --jobs)")
     return p
 
 
@@ -44,13 +49,22 @@ def main(argv: list[str] | None = None) -> int:
     common = ["--datasets", *args.datasets, "--layers", "2", "--splits", args.splits,
               "--steps", str(args.steps), "--batch-size", str(args.batch_size),
               "--objective", "alpha", "--alpha-samples", str(args.alpha_samples),
-              "--out", args.out]
+              "--out", args.out, "--device", args.device, "--dtype", args.dtype,
+              "--init", args.init]
     common += (["--no-record"] if args.no_record else []) + (["--quiet"] if args.quiet else [])
-    for guide in args.guides:
-        for alpha in args.alphas:
-            code = uci.main(common + ["--guide", guide, "--alpha", repr(alpha)])
-            if code:
-                return code
+    configurations = [["--guide", g, "--alpha", repr(a)] for g in args.guides for a in args.alphas]
+    if args.jobs > 1:  # every run in a pool of processes; the loop below then records them
+        base = [a for a in common if a not in ("--no-record", "--quiet")]
+        splits = uci.split_indices(args.datasets, args.splits)
+        failed = uci.run_in_processes(
+            [base + c + ["--datasets", ds, "--splits", f"{k}:{k + 1}", "--no-record"]
+             for c in configurations for ds in args.datasets for k in splits[ds]], args.jobs)
+        if failed:
+            print(f"{failed} runs failed", file=sys.stderr)
+    for configuration in configurations:
+        code = uci.main(common + configuration)
+        if code:
+            return code
     records = [r for r in uci.read_records(Path(args.out)) if r.get("status") == "ok"]
     print(uci.summarize(records))
     return 0

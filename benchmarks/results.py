@@ -26,7 +26,9 @@ The fields of a record:
 ``commit``, ``dirty``
     ``git rev-parse --short HEAD`` of the repository, and whether the library or the benchmark
     scripts had uncommitted changes (``git status`` of ``pyro_dgp/`` and ``benchmarks/``,
-    results excluded); ``null`` when git is unavailable. A copied record has the commit the log
+    results excluded); ``null`` when git is unavailable. ``$PYRO_DGP_COMMIT`` names the commit
+    where the tree was copied without its git folder (``dirty`` is then ``false``: the copy was
+    made from that commit). A copied record has the commit the log
     names for the run, else ``null``, and ``dirty`` ``null``.
 ``settings``
     what identifies the configuration (dataset, model, guide, steps, batch, ...): records with
@@ -67,6 +69,8 @@ def _git(*args: str) -> str:
 
 
 def _commit() -> dict:
+    if os.environ.get("PYRO_DGP_COMMIT"):  # a copy of the tree without .git (a GPU machine)
+        return {"commit": os.environ["PYRO_DGP_COMMIT"], "dirty": False}
     try:
         rev = _git("rev-parse", "--short", "HEAD")
         changes = _git("status", "--porcelain", "--", "pyro_dgp", "benchmarks",

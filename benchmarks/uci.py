@@ -28,9 +28,11 @@ import os
 import platform
 import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyro
@@ -57,6 +59,8 @@ __all__ = [
     "build_parser",
     "main",
     "model_label",
+    "run_in_processes",
+    "split_indices",
     "summarize",
 ]
 
@@ -133,7 +137,7 @@ PROTOCOL = {"steps": 20000, "batch_size": 10000, "lr": 0.01, "particles": 1, "sa
 
 _KEY_FIELDS = ("dataset", "layers", "guide", "objective", "split")
 _SETTING_FIELDS = ("steps", "batch_size", "lr", "inducing", "hidden_dim", "particles",
-                   "samples", "seed", "init")
+                   "samples", "seed", "init", "dtype")
 
 
 def model_label(layers: int, inducing: int) -> str:
@@ -182,9 +186,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="inner-layer width (default min(30, D))")
     p.add_argument("--samples", type=int, default=PROTOCOL["samples"],
                    help="S, predictive samples at test")
-    p.add_argument("--init", default="dsvi", choices=sorted(INITS),
-                   help="initialisation (benchmarks/inits.py); dsvi: Salimbeni and Deisenroth "
-                   "2017")
+    p.add_argument("--init", default="package", choices=["package", *sorted(INITS)],
+                   help="initialisation: package: the package's defaults (DeepGP.regression and "
+                   "the guide's own); the others are benchmarks/inits.py's (dsvi: Salimbeni "
+                   "and Deisenroth 2017)")
+    p.add_argument("--device", default="cpu", help="torch device of data, model and guide")
+    p.add_argument("--dtype", choices=["float64", "float32"], default="float64",
+                   help="floating-point type of data, model and guide")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs at a time, each in its own process with one torch thread "
+                   "(several processes can share one GPU)")
     p.add_argument("--seed", type=int, default=0,
                    help="base seed; split k uses seed + k (initialisation, SVI, prediction)")
     p.add_argument("--threads", type=int, default=None,
@@ -239,6 +250,14 @@ def _parse_splits(tokens: list[str], n_available: int) -> list[int]:
     return sorted(dict.fromkeys(out))
 
 
+def split_indices(names: list[str], tokens: str | list[str],
+                  data_dir: str | None = None) -> dict[str, list[int]]:
+    """``{short name: split indices}`` that ``--splits tokens`` selects for each set."""
+    tokens = [tokens] if isinstance(tokens, str) else tokens
+    return {_short(n): _parse_splits(tokens, datasets.num_splits(_short(n), data_dir=data_dir))
+            for n in names}
+
+
 def _short(name: str) -> str:
     folder = datasets.resolve_name(name)
     if folder not in SHORT_NAMES:
@@ -251,7 +270,7 @@ def _settings(args) -> dict:
     return {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
             "inducing": args.inducing, "hidden_dim": args.hidden_dim,
             "particles": args.particles, "samples": args.samples, "seed": args.seed,
-            "init": args.init}
+            "init": args.init, "device": args.device, "dtype": args.dtype}
 
 
 def _run_key(rec: dict) -> tuple:
@@ -307,17 +326,21 @@ def _tag(args, short: str, layers: int, split: int) -> str:
 def _run_one(args, short: str, split: int, layers: int, ckpt_dir: Path) -> tuple[dict, Path]:
     """Fit and score one run; returns its record and its checkpoint path."""
     seed = args.seed + split
-    data = datasets.load(short, split=split, data_dir=args.data_dir)
+    data = datasets.load(short, split=split, data_dir=args.data_dir).to(
+        device=args.device, dtype=getattr(torch, args.dtype))
     N = data.num_train
     M = min(args.inducing, N)
     B = min(args.batch_size, N)
     pyro.clear_param_store()
     pyro.set_rng_seed(seed)
-    init = resolve(args.init)
+    package = args.init == "package"
+    init = {"lr_decay": 1.0} if package else resolve(args.init)
     model = DeepGP.regression(data.X_train, data.y_train, num_layers=layers,
                               hidden_dim=args.hidden_dim, num_inducing=M, seed=seed,
-                              **{k: init[k] for k in MODEL_KEYS})
-    if args.guide == "meanfield":
+                              **{k: init[k] for k in MODEL_KEYS if k in init})
+    if package:
+        guide = make_guide(args.guide, model)
+    elif args.guide == "meanfield":
         guide = MeanField(model, inner_variance=init["inner_variance"])
     elif args.init == "dsvi":
         guide = make_guide(args.guide, model)
@@ -408,6 +431,28 @@ def _snapshot_one(args, short: str, split: int, layers: int, ckpt_dir: Path) -> 
     return rec
 
 
+def run_in_processes(argvs: list[list[str]], jobs: int) -> int:
+    """Run ``python uci.py ARGV`` for each ARGV, ``jobs`` at a time, each process with one
+    torch thread; returns the number that failed. Each writes its finished run to its
+    ``--out`` (one appended line per run, so processes can share a file)."""
+    script = str(Path(__file__).resolve())
+
+    def one(argv: list[str]) -> int:
+        cmd = [sys.executable, script, *argv, "--threads", "1", "--jobs", "1", "--quiet"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            tqdm.write(f"FAILED ({done.returncode}): {shlex.join(cmd)}\n{done.stderr[-2000:]}",
+                       file=sys.stderr)
+        else:
+            tqdm.write(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "",
+                       file=sys.stderr)
+        return done.returncode
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        codes = list(tqdm(pool.map(one, argvs), total=len(argvs), desc="runs", unit="run"))
+    return sum(1 for c in codes if c)
+
+
 # ---------------------------------------------------------------------------------- summary
 def _fmt(mean: float, se: float | None, decimals: int | None = None) -> str:
     if not math.isfinite(mean):
@@ -462,6 +507,10 @@ def record_summary(records: list[dict]) -> None:
                     "steps": steps, "batch": B, "inducing": M, "samples": S}
         if init != "dsvi":  # the records before the study: all dsvi, without the key
             settings["init"] = init
+        for name, default in (("device", "cpu"), ("dtype", "float64")):
+            value = ok[0]["settings"].get(name, default)
+            if value != default:  # the records before these options: all cpu, float64
+                settings[name] = value
         results.record("uci", settings, figures)
 
 
@@ -577,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         names = list(dict.fromkeys(_short(d) for d in args.datasets))
         n_avail = {ds: datasets.num_splits(ds, data_dir=args.data_dir) for ds in names}
-        splits_run = {ds: _parse_splits(args.splits, n_avail[ds]) for ds in names}
+        splits_run = split_indices(names, args.splits, args.data_dir)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -619,6 +668,14 @@ def main(argv: list[str] | None = None) -> int:
         if skipped:
             print(f"{skipped} of {len(plan)} runs already in {out}; skipping them",
                   file=sys.stderr)
+        if args.jobs > 1 and todo:
+            base = list(sys.argv[1:] if argv is None else argv)
+            failed = run_in_processes(
+                [base + ["--datasets", ds, "--layers", str(layers), "--splits", f"{k}:{k + 1}",
+                         "--no-record"] for ds, layers, k in todo], args.jobs)
+            if failed:
+                print(f"{failed} of {len(todo)} runs failed", file=sys.stderr)
+            todo = []
         bar = tqdm(todo, desc="UCI runs", unit="run")
         for ds, layers, k in bar:
             bar.set_postfix_str(f"{ds} L={layers} split={k}")

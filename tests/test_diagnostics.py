@@ -29,10 +29,11 @@ def _toy_fit(kind, steps=300):
     X, y = split.X_train, split.y_train
     pyro.clear_param_store()
     # the start of Salimbeni and Deisenroth 2017, at which the ratios below were measured
+    # (the package's start, q(u) = p(u), has not collapsed the inner layer after 300 steps)
     model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=20, noise_variance=0.01,
-                                  kernel_variance=2.0, lengthscale=2.0)
+                                  kernel_variance=2.0, lengthscale=2.0, train_mean=False)
     if kind == "meanfield":
-        guide = dgp.guides.MeanField(model)
+        guide = dgp.guides.MeanField(model, inner_variance=1e-5)
     else:
         guide = dgp.complete(AutoMultivariateNormal(dgp.inducing_only(model)), model)
     dgp.fit(model, guide, X, y, num_steps=steps, lr=0.01, progress=False, seed=0)

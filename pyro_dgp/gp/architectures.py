@@ -1,11 +1,12 @@
-"""Deep GP architectures of Salimbeni and Deisenroth 2017: the DSVI initialisation of a layer
-stack (k-means inducing inputs, fixed identity/PCA means of the inner layers, ARD kernels with
-between-layer white noise), and the checks of the builders' arguments."""
+"""Deep GP architectures of Salimbeni and Deisenroth 2017: the DSVI layer stack (k-means
+inducing inputs, identity/PCA means of the inner layers, ARD kernels with between-layer white
+noise), its starting values, and the checks of the builders' arguments."""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import warnings
 
 import numpy as np
@@ -18,9 +19,13 @@ from ..state import global_setting
 from ..validation import check_inputs, check_positive_finite, check_positive_int, check_targets
 from .layer import GPLayer
 
-__all__ = ["KERNELS", "LIKELIHOODS", "check_regression_arguments", "default_dtype",
+__all__ = ["KERNELS", "LIKELIHOODS", "LN2", "check_regression_arguments", "default_dtype",
            "dsvi_layers", "kmeans", "make_likelihood", "pca_mean"]
 
+
+#: ``ln 2 = softplus(0)``: the starting noise variance, kernel variances and lengthscales of
+#: ``DeepGP.regression`` (chosen by the initialisation study in ``BENCHMARKS.md``).
+LN2 = math.log(2.0)
 
 KERNELS = {
     "rbf": K.RBF,
@@ -71,7 +76,7 @@ def pca_mean(X: torch.Tensor, d_out: int) -> torch.Tensor:
 def _warn_unstandardised(X: torch.Tensor, y: torch.Tensor | None) -> None:
     """Warn where ``regression``'s defaults, which assume standardised data, do not fit it.
 
-    The initial noise variance (0.01), kernel variances and lengthscales (2) and the last
+    The initial noise variance, kernel variances and lengthscales (``ln 2``) and the last
     layer's zero mean are on the scale of standardised targets and inputs: on raw targets in
     the thousands the noise must grow by orders of magnitude before the predictive variance
     means anything (a review found badly miscalibrated intervals after thousands of steps,
