@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="as uci.py --device")
     p.add_argument("--dtype", default="float64", help="as uci.py --dtype")
     p.add_argument("--init", default="package", help="as uci.py --init")
+    p.add_argument("--checkpoint-dir", default=None, help="as uci.py --checkpoint-dir")
     p.add_argument("--jobs", type=int, default=1,
                    help="runs at a time over every guide, alpha, set and split (uci.py --jobs)")
     return p
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
               "--objective", "alpha", "--alpha-samples", str(args.alpha_samples),
               "--out", args.out, "--device", args.device, "--dtype", args.dtype,
               "--init", args.init]
+    common += ["--checkpoint-dir", args.checkpoint_dir] if args.checkpoint_dir else []
     common += (["--no-record"] if args.no_record else []) + (["--quiet"] if args.quiet else [])
     configurations = [["--guide", g, "--alpha", repr(a)] for g in args.guides for a in args.alphas]
     if args.jobs > 1:  # every run in a pool of processes; the loop below then records them

@@ -138,6 +138,7 @@ class Ours(_AdamStep):
         self.model = dgp.DeepGP.regression(
             X, y, num_layers=cfg.num_layers, hidden_dim=cfg.hidden_dim,
             num_inducing=cfg.num_inducing, seed=cfg.seed,
+            train_mean=False,  # DSVI's fixed inner means: the maths GPyTorch and plain compute
         )
         self.guide = dgp.guides.MeanField(self.model)
         self.elbo = make_objective("auto", self.guide)  # as fit: AnalyticKL_ELBO
@@ -175,6 +176,7 @@ class PyroSVI:
         self.model = dgp.DeepGP.regression(
             X, y, num_layers=cfg.num_layers, hidden_dim=cfg.hidden_dim,
             num_inducing=cfg.num_inducing, seed=cfg.seed,
+            train_mean=False,  # DSVI's fixed inner means: the maths GPyTorch and plain compute
         )
         self.guide = dgp.guides.MeanField(self.model)
         self.svi = SVI(self.model, self.guide, pyro.optim.Adam({"lr": lr}),
@@ -240,7 +242,7 @@ class GPyTorch(_AdamStep):
         for i, ol in enumerate(init.model.layers):
             last = i == n - 1
             W = None if last else ol.mean_function(
-                torch.eye(ol.input_dim, dtype=X.dtype, device=X.device))
+                torch.eye(ol.input_dim, dtype=X.dtype, device=X.device)).detach()
             layers.append(Layer(ol.inducing_points.detach(), None if last else ol.output_dim, W,
                                 1e-5 if not last else None))
         self.model = Model(layers).to(device=X.device, dtype=X.dtype)
