@@ -628,13 +628,12 @@ def main(argv=None) -> int:
         rows.append(row)
         print("  ".join([cfg.label] + [f"{n} {row['ms'][n]:.1f} ms" for n in names]),
               file=sys.stderr, flush=True)
-    table = _table(rows, names)
-    print("\n".join(table))
-    if not args.no_record:
-        for cfg, row in zip(configs, rows, strict=True):
+        if not args.no_record:  # each configuration as it is measured: a killed run keeps them
             results.record("speed", {**asdict(cfg), "threads": args.threads},
                            {"ms_per_step": row["ms"], **({"peak_mib": row["mib"]}
                                                          if "mib" in row else {})})
+    table = _table(rows, names)
+    print("\n".join(table))
     if args.append:
         cmd = "python benchmarks/speed.py " + shlex.join(sys.argv[1:] if argv is None else argv)
         mem = ("peak MiB: the step's transient memory (RSS high-water mark over the step minus "
