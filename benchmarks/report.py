@@ -15,19 +15,29 @@ from pathlib import Path
 from results import default_dir, read
 
 ROOT = Path(__file__).resolve().parents[1]
-ORDER = ("uci", "compositional", "compositional_elbo_terms", "speed", "threads", "exact_gp")
+ORDER = ("uci", "compositional", "compositional_elbo_terms", "speed", "threads", "exact_gp",
+         "amortized", "scale", "semi_implicit")
 TITLES = {
     "uci": "UCI regression",
+    "amortized": "Amortized guides (AVDGP, Meng and Zhang 2024) against DS-DGP, standardised "
+                 "units; AVDGP's time per epoch on synthetic data",
     "compositional": "Compositional uncertainty (Table 1 of Ustyuzhaninov et al. 2020)",
     "compositional_elbo_terms": "Compositional uncertainty: the ELBO's terms",
     "speed": "Step time against GPyTorch and the plain floor",
     "threads": "Step time by torch thread count, on a quiet and on a busy machine",
     "exact_gp": "Exact-GP control",
+    "semi_implicit": "Semi-implicit guides against the gold standard (NUTS on the ELBO's optimal "
+                     "q(U), hyperparameters fixed; distances of each guide's predictive of f "
+                     "to NUTS's on a grid) and SSIVI against MeanField on UCI",
+    "scale": "Scale: time per epoch and peak memory against N, one process and data-parallel "
+             "(benchmarks/scale.py; epoch_extrapolated: fewer steps than an epoch were timed)",
 }
 #: figures that also identify a configuration: a run on fewer splits is another configuration
-IDENTIFYING_FIGURES = {"uci": ("splits",), "exact_gp": ("splits",)}
+IDENTIFYING_FIGURES = {"uci": ("splits",), "exact_gp": ("splits",), "amortized": ("splits",),
+                       "semi_implicit": ("splits",)}
 #: settings the rows are sorted by first (then every settings column in turn)
-SORT_FIRST = {"compositional": ("noise", "lr_decay", "steps")}
+SORT_FIRST = {"compositional": ("noise", "lr_decay", "steps"),
+              "scale": ("reader", "rows", "processes")}
 
 SALIMBENI = "Salimbeni and Deisenroth 2017"
 USTYUZHANINOV = "Ustyuzhaninov et al. 2020"
@@ -72,10 +82,33 @@ def _published_compositional(settings: dict) -> str:
     return PUBLISHED_COMPOSITIONAL.get(settings.get("family"), "")
 
 
+MENG_ZHANG = "Meng and Zhang 2024"
+#: (dataset, method) -> their Table 5 (NLL / RMSE / CRPS, mean ± sd over 5 random 8:1:1
+#: splits, standardised units) and Table 4 (training seconds per epoch, RTX 3090); power is
+#: not among their data sets
+PUBLISHED_AMORTIZED = {
+    ("kin8nm", "dsdgp"): "0.290±0.024 / 0.316±0.006 / 0.195±0.005; 3.45 s/epoch",
+    ("kin8nm", "ar1"): "0.157±0.014 / 0.282±0.003 / 0.174±0.002",
+    ("kin8nm", "ar2"): "0.171±0.039 / 0.279±0.007 / 0.175±0.004",
+    ("kin8nm", "ar2p"): "0.118±0.037 / 0.266±0.007 / 0.168±0.004; 3.17 s/epoch",
+    ("kin8nm", "ar2pp"): "0.066±0.022 / 0.263±0.004 / 0.161±0.005",
+    ("protein", "dsdgp"): "1.036±0.007 / 0.688±0.005 / 0.423±0.003; 19.38 s/epoch",
+    ("protein", "ar1"): "0.957±0.010 / 0.641±0.007 / 0.379±0.003",
+    ("protein", "ar2"): "0.950±0.015 / 0.635±0.006 / 0.371±0.006",
+    ("protein", "ar2p"): "0.910±0.012 / 0.628±0.007 / 0.357±0.003; 17.80 s/epoch",
+    ("protein", "ar2pp"): "0.226±0.028 / 0.690±0.006 / 0.324±0.006",
+}
+
+
+def _published_amortized(settings: dict) -> str:
+    return PUBLISHED_AMORTIZED.get((settings.get("dataset"), settings.get("method")), "")
+
+
 #: benchmark -> (column label, the published figures of a row's settings)
 PUBLISHED = {
     "uci": (f"published log-lik / RMSE ({SALIMBENI})", _published_uci),
     "compositional": (f"published ({USTYUZHANINOV})", _published_compositional),
+    "amortized": (f"published NLL / RMSE / CRPS ({MENG_ZHANG})", _published_amortized),
 }
 
 HEADER = """# Benchmarks

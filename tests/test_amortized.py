@@ -276,3 +276,98 @@ def test_datatree_and_layer_summary_of_an_amortized_fit():
     assert u.shape == (1, 5, 12, 2, 3)
     table = dgp.layer_summary(tree)
     assert list(table.index) == ["layer1", "layer2"] and np.isfinite(table["f_var"]).all()
+
+
+def test_predict_of_ar2p_is_its_weighted_node_mixture_exactly():
+    """``predict`` of a quadrature rule is the mixture over its S nodes with the learned
+    weights omega, deterministic (no draw, whatever ``num_samples`` and ``seed``): summed
+    over the points its log-density is the data term of the predictive objective,
+    ``sum_n log sum_s omega_s N(y_n | m_ns, v_ns + s2)``, obtained here as ``2 L(beta=1) -
+    L(beta=2)`` (the KL cancels)."""
+    N, S = 9, 5
+    torch.manual_seed(8)
+    X, y = torch.randn(N, 2, dtype=DT), torch.randn(N, dtype=DT)
+    model = _model([2, 2, 1], N=N, means=["identity", "zero"])
+    guide = dgp.guides.Amortized(model, rule="AR2PP", num_paths=S, inner_scale=0.3)
+    _perturb(guide, X, y)
+    with torch.no_grad():
+        guide.weight_logits.copy_(torch.linspace(-1, 1, S, dtype=DT))
+    pred = dgp.predict(model, guide, X, num_samples=100, seed=1)
+    assert pred.loc.shape == (S, N)
+    torch.testing.assert_close(pred.weights[:, 0], guide.path_weights().detach())
+    again = dgp.predict(model, guide, X, num_samples=3, seed=2, batch_size=4)
+    torch.testing.assert_close(again.log_prob(y), pred.log_prob(y), rtol=1e-13, atol=0)
+    with torch.no_grad():
+        one = -dgp.AmortizedELBO(predictive=True, beta=1.0).loss(model, guide, X, y)
+        two = -dgp.AmortizedELBO(predictive=True, beta=2.0).loss(model, guide, X, y)
+    assert float(pred.log_prob(y).sum()) == pytest.approx(2 * one - two, abs=1e-9)
+    # a rule without nodes keeps i.i.d. draws with uniform weights
+    ar2 = dgp.predict(model, dgp.guides.Amortized(model, rule="AR2"), X, num_samples=7)
+    assert ar2.weights is None and ar2.loc.shape == (7, N)
+
+
+@pytest.mark.parametrize("rule", ["AR1", "AR2", "AR2P"])
+def test_datatree_records_the_per_point_inducing_inputs(rule):
+    """``<layer>.inducing_inputs`` are ``A(P(F))`` at each point and draw: the affine maps of
+    the layer's recorded inputs (AR1: that draw's input; AR2 and AR2P: the mean over the
+    draws of the conditional means the inputs were drawn with)."""
+    torch.manual_seed(9)
+    X, y = torch.randn(6, 2, dtype=DT), torch.randn(6, dtype=DT)
+    model = _model([2, 2, 1], M=3, means=["identity", "zero"])
+    guide = dgp.guides.Amortized(model, rule=rule, num_paths=4)
+    _perturb(guide, X, y)
+    tree = dgp.to_datatree(model, guide, X, y, num_samples=5, seed=0)
+    layers = tree["layers"]
+    Z1, Z2 = layers["layer1.inducing_inputs"], layers["layer2.inducing_inputs"]
+    assert Z2.dims == ("chain", "draw", "obs", "layer2_inducing", "layer2_input")
+    assert Z1.shape == (1, 5, 6, 3, 2) and Z2.shape == (1, 5, 6, 3, 2)
+    f1 = torch.as_tensor(layers["layer1.f"].values[0])
+    at = f1 if rule == "AR1" else torch.as_tensor(layers["layer1.f_mean"].values[0]).mean(0)
+    with torch.no_grad():
+        W, b = model.layers[1].affine_weight, model.layers[1].inducing_points
+        want = torch.einsum("mij,...nj->...nmi", W, at) + b  # z_nm = W_m p_n + b_m
+        torch.testing.assert_close(torch.as_tensor(Z2.values[0]), want.expand(5, 6, 3, 2))
+        want1 = torch.einsum("mij,nj->nmi", model.layers[0].affine_weight, X)
+        want1 = want1 + model.layers[0].inducing_points
+        torch.testing.assert_close(torch.as_tensor(Z1.values[0]), want1.expand(5, 6, 3, 2))
+
+
+def test_avdgp_architecture_is_the_papers_and_follows_the_data():
+    """Meng and Zhang 2024, App. C.1: widths D -> 16 -> 4 -> 1, M = 8, 4, 4, isotropic
+    Matern-5/2, zero means; W = I and offsets b from the seed; dtype from X."""
+    X = torch.randn(30, 3, dtype=torch.float32)
+    y = torch.randn(30, dtype=torch.float32)
+    model = dgp.gp.avdgp_regression(X, y)
+    dims = [(la.input_dim, la.output_dim, la.num_inducing) for la in model.layers]
+    assert dims == [(3, 16, 8), (16, 4, 4), (4, 1, 4)]
+    for layer in model.layers:
+        assert isinstance(layer, dgp.AmortizedGPLayer)
+        assert isinstance(layer.kernel, dgp.kernels.Matern52)
+        assert layer.kernel.lengthscale.numel() == 1 and layer.inducing_points.dtype == X.dtype
+        torch.testing.assert_close(layer.affine_weight[0], torch.eye(layer.input_dim))
+        assert float(layer.mean_function(torch.ones(2, layer.input_dim)).abs().sum()) == 0
+    again = dgp.gp.avdgp_regression(X, y)
+    torch.testing.assert_close(again.layers[1].inducing_points, model.layers[1].inducing_points)
+    with pytest.raises(ValueError, match="num_inducing must be one int or one per layer"):
+        dgp.gp.avdgp_regression(X, y, num_inducing=(8, 4))
+
+
+def test_default_encoder_starts_off_the_saddle_of_equal_points():
+    """Meng and Zhang 2024 (App. C.1) start the encoders with outputs equal over the M
+    inducing outputs. If they were also equal over the points (zero mean everywhere), then
+    with zero mean functions and W = I every point would see the same numbers and the first
+    layer's encoder would get no gradient; the default starts each point at its own mean."""
+    torch.manual_seed(10)
+    X, y = torch.randn(12, 2, dtype=DT), torch.randn(12, dtype=DT)
+    model = _model([2, 2, 1], M=3)  # zero means in every layer, as the paper's
+    guide = dgp.guides.Amortized(model, rule="AR2P", num_paths=4)
+    guide.setup(X, y)
+    with torch.no_grad():
+        loc, scale = guide.encoders.layer1(X)
+    assert torch.equal(loc, loc[..., :1].expand_as(loc))  # equal over the M outputs
+    assert float(loc[..., 0].std(0).min()) > 0  # ... but not over the points
+    torch.testing.assert_close(scale, torch.full_like(scale, math.sqrt(1e-5)))
+    loss = dgp.AmortizedELBO().differentiable_loss(model, guide, X, y)
+    first = guide.encoders.layer1.mean_net[0].weight
+    (grad,) = torch.autograd.grad(loss, [first])
+    assert float(grad.abs().max()) > 0

@@ -4,8 +4,10 @@ import math
 
 import pytest
 import torch
+from registry_models import model_for, objective_for
 
 import pyro_dgp as dgp
+from pyro_dgp.guides.registry import LOCAL_INDUCING_GUIDES
 
 pytestmark = pytest.mark.cuda
 
@@ -69,27 +71,30 @@ def _on_cuda(tensors) -> bool:
 
 @pytest.mark.parametrize("name", sorted(dgp.guides.registry.GUIDES))
 def test_every_guide_fits_predicts_and_exports_on_cuda(name):
-    """Each registry guide: fit (minibatches), predict, the ELBO, a DataTree with sample paths
-    on a grid and the per-layer summary, all on the GPU."""
+    """Each registry guide on the model it fits: fit (minibatches), predict, the ELBO, a
+    DataTree with sample paths on a grid (per-point draws at the data for the amortized
+    guides, whose per-point inducing outputs make no sample paths) and the per-layer
+    summary, all on the GPU."""
     import pyro
 
     from pyro_dgp.guides.registry import make_guide
 
     data = _cuda_data()
     pyro.clear_param_store()
-    model = dgp.DeepGP.regression(data.X_train, data.y_train, num_layers=2, num_inducing=8)
+    model = model_for(name, data.X_train, data.y_train, num_layers=2, num_inducing=8)
     guide = make_guide(name, model)
     result = dgp.fit(model, guide, data.X_train, data.y_train, num_steps=5, batch_size=24,
-                     progress=False, final_elbo_particles=2)
+                     progress=False, final_elbo_particles=2, objective=objective_for(name))
     assert math.isfinite(result.final_elbo)
     assert _on_cuda(guide.parameters()) and _on_cuda(model.parameters())
     pred = dgp.predict(model, guide, data.X_test, num_samples=4, seed=0)
     assert pred.mean.device.type == "cuda"
     assert math.isfinite(dgp.metrics.crps(pred, data.y_test))
     grid = torch.linspace(-1, 1, 30, dtype=data.X_train.dtype, device="cuda")[:, None]
-    tree = dgp.to_datatree(model, guide, data.X_train, data.y_train, num_samples=4, grid=grid,
-                           seed=0)
-    assert tree["layers"].attrs["sample_paths"] == 1
+    local = name in LOCAL_INDUCING_GUIDES
+    tree = dgp.to_datatree(model, guide, data.X_train, data.y_train, num_samples=4,
+                           grid=None if local else grid, seed=0)
+    assert tree["layers"].attrs["sample_paths"] == (0 if local else 1)
     assert len(dgp.layer_summary(tree)) == 2
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+from ..infer.distributed import PeerFailedError
 from .parser import build_parser
 
 __all__ = ["build_parser", "main"]
@@ -14,7 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, KeyError) as exc:
+    except (ValueError, FileNotFoundError, KeyError, PeerFailedError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

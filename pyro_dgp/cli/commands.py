@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -11,15 +12,20 @@ import pyro
 import torch
 
 from .. import datasets, metrics
+from ..gp.avdgp import PAPER_HIDDEN_DIMS, PAPER_NUM_INDUCING
 from ..gp.deep_gp import DeepGP
-from ..guides.registry import make_guide
-from ..infer.checkpoint import load_fit, safe_load, save_fit
+from ..guides.registry import has_local_inducing, make_guide
+from ..infer import distributed
+from ..infer.checkpoint import load_fit, model_from_config, safe_load, save_fit
 from ..infer.threads import num_threads, step_work, threads_for
 from ..infer.training import fit
 from ..prediction import predict
 from .data import data_spec, evaluate_settings, load_data
 
-__all__ = ["cmd_demo", "cmd_evaluate", "cmd_fit", "note"]
+__all__ = ["DEFAULT_INDUCING", "DEFAULT_LAYERS", "cmd_demo", "cmd_evaluate", "cmd_fit", "note"]
+
+#: ``pyro-dgp fit``'s defaults of ``--layers`` and ``--inducing`` (the DSVI model's)
+DEFAULT_LAYERS, DEFAULT_INDUCING = 2, 100
 
 
 def note(text: str) -> None:
@@ -93,8 +99,10 @@ def _write_diagnostics(model, guide, data, out: Path, prefix: str) -> None:
         lo, hi = float(data.X_train.min()), float(data.X_train.max())
         grid = torch.linspace(lo, hi, 100, dtype=data.X_train.dtype,
                               device=data.X_train.device).unsqueeze(-1)
+    # per-point inducing outputs (amortized layers) have no sample paths: draws per point
+    paths = False if has_local_inducing(model) else None
     dt = to_datatree(model, guide, data.X_train, data.y_train, num_samples=100, grid=grid,
-                     seed=0)
+                     seed=0, paths=paths)
     save_datatree(dt, out / f"{prefix}datatree.nc")
     plot_diagnostics(dt, out, prefix=prefix)
     label = prefix.rstrip("_")
@@ -127,36 +135,41 @@ def _plot_predictions(data, preds, path: Path) -> None:
 def cmd_fit(args) -> int:
     spec = data_spec(args.data, args.target, args.split, args.test_fraction, args.data_dir,
                       args.device, args.dtype, args.seed)
-    data = load_data(spec, args.classification)
+    world = launched_processes()
+    if world > 1 and spec["device"] == "cuda":  # one GPU per process of the node
+        data = load_data({**spec, "device": f"cuda:{os.environ.get('LOCAL_RANK', 0)}"},
+                         args.classification)
+    else:
+        data = load_data(spec, args.classification)
     pyro.set_rng_seed(args.seed)
-    if args.inducing > data.num_train:
-        note(f"--inducing {args.inducing} is more than the {data.num_train} training points: "
-              f"using M = {data.num_train} inducing points per layer")
     if args.batch_size >= data.num_train:
         note(f"--batch-size {args.batch_size} covers all {data.num_train} training points: "
               "full-batch training")
-    model_cfg = {"num_layers": args.layers, "num_inducing": min(args.inducing, data.num_train),
-                 "seed": args.seed}
-    if args.hidden_dim is not None:
-        model_cfg["hidden_dim"] = args.hidden_dim
-    if args.classification:
-        model_cfg["task"] = "classification"
+    model_cfg = _model_config(args, data.num_train)
     config = {"model": model_cfg, "guide": args.guide, **spec, "seed": args.seed,
               "samples": args.samples}
-    kwargs = {k: v for k, v in model_cfg.items() if k != "task"}
-    build = DeepGP.classification if args.classification else DeepGP.regression
-    model = build(data.X_train, data.y_train, **kwargs)
+    model = model_from_config(model_cfg, data.X_train, data.y_train)
     guide = make_guide(args.guide, model)
+    objective = args.objective  # "auto": an amortized guide's own objective (make_objective)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = Path(args.checkpoint) if args.checkpoint else out / "checkpoint.pt"
     B = min(args.batch_size, data.num_train)
-    threads = _threads(args, model, B, args.particles)
+    threads = _threads(args, model, -(-B // world), args.particles)
+    if world > 1:
+        distributed.init(args.device, timeout=args.timeout)
     with num_threads(threads):
         result = fit(model, guide, data.X_train, data.y_train, num_steps=args.steps,
-                     batch_size=B, lr=args.lr, objective=args.objective,
+                     batch_size=B, lr=args.lr, objective=objective,
                      num_particles=args.particles, seed=args.seed, progress=not args.quiet,
-                     checkpoint=checkpoint, resume=args.resume, threads=threads)
+                     checkpoint=checkpoint, resume=args.resume, threads=threads,
+                     distributed=world > 1)
+        if world > 1:
+            rank = distributed.DataParallel().rank
+            distributed.shutdown()
+            if rank != 0:  # process 0 writes the fit and its scores
+                return 0
+            note(f"trained data-parallel on {world} processes (torchrun's WORLD_SIZE)")
         save_fit(out / "fit.pt", model, guide, config)
         scores = _evaluate(model, guide, data, args.samples, args.classification, args.seed)
     scores.update({"final_elbo": result.final_elbo, "seconds": result.seconds})
@@ -165,6 +178,42 @@ def cmd_fit(args) -> int:
     print(f"wrote the fit to {out / 'fit.pt'}, its test scores to {out / 'metrics.json'} and "
           f"the checkpoint to {checkpoint} (pyro-dgp evaluate {out / 'fit.pt'} scores it again)")
     return 0
+
+
+def _model_config(args, num_train: int) -> dict:
+    """The settings of the model to build (``--model``), saved with the fit
+    (:func:`~pyro_dgp.infer.checkpoint.model_from_config`)."""
+    if args.model == "avdgp":
+        unused = [option for option, given in (("--layers", args.layers != DEFAULT_LAYERS),
+                                               ("--hidden-dim", args.hidden_dim is not None),
+                                               ("--inducing", args.inducing != DEFAULT_INDUCING))
+                  if given]
+        if unused:
+            verb = "does" if len(unused) == 1 else "do"
+            note(f"{', '.join(unused)} {verb} not apply to --model avdgp, the architecture of Meng "
+                 f"and Zhang 2024 (widths {PAPER_HIDDEN_DIMS}, M = {PAPER_NUM_INDUCING})")
+        cfg = {"architecture": "avdgp", "seed": args.seed}
+    else:
+        if args.inducing > num_train:
+            note(f"--inducing {args.inducing} is more than the {num_train} training points: "
+                 f"using M = {num_train} inducing points per layer")
+        cfg = {"num_layers": args.layers, "num_inducing": min(args.inducing, num_train),
+               "seed": args.seed}
+        if args.hidden_dim is not None:
+            cfg["hidden_dim"] = args.hidden_dim
+    if args.classification:
+        cfg["task"] = "classification"
+    return cfg
+
+
+def launched_processes() -> int:
+    """The number of processes ``torchrun`` started for this run (``WORLD_SIZE``; 1 when
+    started otherwise)."""
+    text = os.environ.get("WORLD_SIZE", "1")
+    try:
+        return max(int(text), 1)
+    except ValueError:
+        raise ValueError(f"WORLD_SIZE must be a number of processes, got {text!r}") from None
 
 
 def _threads(args, model, batch_size: int, particles: int = 1) -> int | None:

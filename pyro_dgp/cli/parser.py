@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..guides.registry import GUIDES
-from .commands import cmd_demo, cmd_evaluate, cmd_fit
+from .commands import DEFAULT_INDUCING, DEFAULT_LAYERS, cmd_demo, cmd_evaluate, cmd_fit
 from .data import DEFAULT_TEST_FRACTION, DTYPES
 
 __all__ = ["build_parser"]
@@ -94,20 +94,31 @@ def _data_args(q, for_fit: bool) -> None:
 
 
 def _add_fit(sub) -> None:
-    f = sub.add_parser("fit", help="fit a DGP to a UCI set or a CSV file",
-                       formatter_class=_HelpFormatter)
+    f = sub.add_parser(
+        "fit", help="fit a DGP to a UCI set or a CSV file", formatter_class=_HelpFormatter,
+        description="Fit a DGP to a UCI set or a CSV file. Started by torchrun "
+                    "(torchrun --nproc-per-node 2 -m pyro_dgp.cli fit ...), the processes "
+                    "train data-parallel: each evaluates its part of every batch, gradients "
+                    "are summed, process 0 writes the checkpoint, the fit and its scores "
+                    "(gloo on CPU, nccl with --device cuda).")
     _data_args(f, for_fit=True)
-    f.add_argument("--layers", type=_positive_int, default=2, help="GP layers")
+    f.add_argument("--layers", type=_positive_int, default=DEFAULT_LAYERS, help="GP layers")
     f.add_argument("--hidden-dim", type=_positive_int,
                    help="width of the inner layers (default: min(30, input dims))")
-    f.add_argument("--inducing", type=_positive_int, default=100,
+    f.add_argument("--inducing", type=_positive_int, default=DEFAULT_INDUCING,
                    help="inducing points M per layer (at most the training points)")
+    f.add_argument("--model", choices=["dsvi", "avdgp"], default="dsvi",
+                   help="dsvi: layers with global inducing points (--layers, --hidden-dim, "
+                        "--inducing); avdgp: per-point inducing points, the architecture of "
+                        "Meng and Zhang 2024 (widths 16, 4; M = 8, 4, 4; Matern-5/2), for "
+                        "the amortized-* guides")
     f.add_argument("--guide", choices=sorted(GUIDES), default="meanfield",
-                   help="variational family")
+                   help="variational family (amortized-*: with --model avdgp only)")
     f.add_argument("--objective", choices=["auto", "elbo", "meanfield", "renyi"],
                    default="auto",
                    help="auto: the analytic-KL ELBO where the guide factorises like the "
-                        "model, else Trace_ELBO; renyi: RenyiELBO(alpha=0.5), with a guide "
+                        "model, the amortized guides' weighted-path objective for amortized-*, "
+                        "else Trace_ELBO; renyi: RenyiELBO(alpha=0.5), with a guide "
                         "that samples u (meanfield-sampled or an auto* guide)")
     f.add_argument("--particles", type=_positive_int, default=1,
                    help="samples of the objective per step")
@@ -122,6 +133,9 @@ def _add_fit(sub) -> None:
     f.add_argument("--output", default="out/fit",
                    help="folder for fit.pt, metrics.json and the checkpoint")
     f.add_argument("--quiet", action="store_true", help="no progress bar")
+    f.add_argument("--timeout", type=_positive_float, default=300.0,
+                   help="under torchrun (data-parallel, one process per rank): seconds a "
+                        "process waits for the others before it stops with an error")
     _threads_arg(f)
     f.set_defaults(func=cmd_fit)
 

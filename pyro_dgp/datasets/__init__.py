@@ -10,6 +10,10 @@ part only, report test log-likelihood and RMSE in original units).
   found in ``data_dir``, ``$PYRO_DGP_DATA`` or the user cache, or downloaded there
   (:func:`load`, :func:`num_splits`, :func:`download_uci`);
 - :mod:`~pyro_dgp.datasets.csv`: :func:`load_csv`, a CSV file split at random;
+- :mod:`~pyro_dgp.datasets.stream`: :class:`ArrayStream` (``.npy`` files, memory-mapped),
+  :class:`DatasetStream`, :class:`IterableStream`: rows read on demand, standardised from one
+  pass of running moments (:mod:`~pyro_dgp.datasets.moments`), for data that need not fit
+  in memory;
 - :mod:`~pyro_dgp.datasets.synthetic`: :func:`step`, :func:`compositional_toy`,
   :func:`two_mode_toy`, :func:`classification_2d` and :func:`heteroscedastic`, which need
   no files, are deterministic given ``seed`` and are not standardised. ``load(name)``
@@ -17,7 +21,9 @@ part only, report test log-likelihood and RMSE in original units).
 """
 
 from .csv import load_csv
+from .moments import Standardization
 from .splits import Split
+from .stream import ArrayStream, DatasetStream, IterableStream
 from .synthetic import (
     SYNTHETIC,
     TWO_MODE_X,
@@ -48,6 +54,10 @@ from .uci import (
 
 __all__ = [
     "Split",
+    "ArrayStream",
+    "DatasetStream",
+    "IterableStream",
+    "Standardization",
     "ChecksumError",
     "UCI_DATASETS",
     "UCI_NAMES",

@@ -24,7 +24,10 @@ touching the global random state) and stores them in ArviZ groups:
     marginal (the guide's estimator, as for predictions). Group attribute ``sample_paths``
     (1 or 0) says which. Dims
     ``(chain, draw, obs, <layer>_unit)``, and ``<layer>.prior_var`` = ``k_l(x, x)`` at the
-    layer's own inputs in that draw, dims ``(chain, draw, obs)``. Group attributes
+    layer's own inputs in that draw, dims ``(chain, draw, obs)``. A layer with per-point
+    inducing inputs (:class:`~pyro_dgp.AmortizedGPLayer`) adds ``<layer>.inducing_inputs``,
+    the ``Z_n = A(P(F_n))`` at which the guide placed each point's ``u_n``, dims ``(chain,
+    draw, obs, <layer>_inducing, <layer>_input)``. Group attributes
     ``<layer>.kl`` hold ``KL(q(u^l) || p(u^l))`` (see :func:`~pyro_dgp.diagnostics.kl.layer_kl`),
     ``layer_order`` the layers first to last.
 ``posterior_predictive``, ``log_likelihood``, ``observed_data``
@@ -32,7 +35,8 @@ touching the global random state) and stores them in ArviZ groups:
     draw, obs)``. ``log_likelihood`` is ``log int p(y_i | f) N(f; loc_s, var_s) df`` with the
     last layer's Gaussian of draw ``s`` (the per-draw term of the predictive mixture of
     :func:`~pyro_dgp.prediction.predictive.predict`, so ``logsumexp_s - log S`` is
-    ``predict(...).log_prob(y)``).
+    ``predict(...).log_prob(y)``; an ``AR2P``/``AR2PP`` guide's draws here take its nodes by
+    resampling from their weights, a Monte Carlo version of its weighted ``predict``).
     For a likelihood that scores a sampled ``f`` (a hand-written ``dist.Normal(f, s)``) it is
     ``log p(y_i | f_s)``. Only with ``y``, except ``posterior_predictive`` which is also drawn
     without ``y``.
@@ -320,6 +324,13 @@ def _layers_group(parts: _Parts, trace: Trace, grid: torch.Tensor | None, S: int
         with torch.no_grad(), poutine.replay(trace=trace):
             kxx = record.layer.kernel(record.inputs, diag=True)
         parts.add("layers", f"{lname}.prior_var", _np(kxx.expand(S, shape[0]))[None], [where])
+        Z = getattr(trace.nodes.get(f"{lname}.u", {}).get("fn"), "inducing_inputs", None)
+        if Z is not None:  # (..., n, M, D_in): one set per point (and per draw, for AR1)
+            Z = Z.expand(torch.broadcast_shapes(Z.shape[:-2], (S, shape[0])) + Z.shape[-2:])
+            d = dim_name(lname)
+            parts.add("layers", f"{lname}.inducing_inputs", _np(Z)[None],
+                      [where, f"{d}_inducing", f"{d}_input"])
+            parts.coords[f"{d}_input"] = np.arange(Z.shape[-1])
     parts.attrs["layers"]["evaluated_at"] = where
 
 

@@ -14,9 +14,10 @@ of ``predict``; one path without such a plate). Rules:
   nodes: path ``s`` takes ``F_s = m_s + xi_s sqrt(v_s)`` with ``xi_s = 5 (2 sigmoid(a_s) - 1)``
   per layer and output, weight ``omega = softmax(w)`` shared by the layers, and
   ``E[F] = sum_s omega_s m_s``. Under ``AmortizedELBO`` the run's paths are the ``S`` nodes
-  and the objective weighs them by ``omega``. Under any other plate of ``P`` draws (or none),
-  the draws pick their nodes by systematic resampling from ``omega``: a Monte Carlo estimate
-  of the weighted sums (``omega`` then gets no gradient).
+  and the objective weighs them by ``omega``; so does ``predict``, whose mixture is over the
+  ``S`` nodes with weights ``omega`` (:meth:`Amortized.weighted_paths`). Under any other plate
+  of ``P`` draws (or none), the draws pick their nodes by systematic resampling from
+  ``omega``: a Monte Carlo estimate of the weighted sums (``omega`` then gets no gradient).
 - ``AR2PP``: ``AR2P`` trained with the predictive objective
   ``log sum_s omega_s N(y_n | m_s, v_s + sigma^2) - beta KL`` (``AmortizedELBO``).
 
@@ -26,11 +27,17 @@ given the path's input and the summary, and the last layer's Gaussian goes to th
 (analytic for a Gaussian likelihood). The KL of each ``u_n`` to ``N(0, I)`` is closed form,
 so ``mean_field`` is true: ``AnalyticKL_ELBO`` (``fit``'s ``"auto"``) and ``Trace_ELBO`` are
 valid, with uniform weights over their draws.
+
+Each ``<layer>.u`` site of a run carries ``q(u_n)`` as a :class:`LocalGaussian`, which also
+holds the inducing inputs ``Z_n = A(P(F_n))`` that ``u_n`` was placed at (exported by
+``to_datatree``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,13 +50,15 @@ from pyro.poutine.runtime import _PYRO_STACK
 
 from ..gp.distributions import FunctionMarginal
 from ..likelihoods.marginal import SourceGaussian, record_source, source_of
+from ..state import swapped
 from ..validation import check_positive_finite, check_positive_int
 from .base import GuideRun, LayerGuide
 from .encoders import MLPEncoder, as_pyro_module, check_encoded
 from .params import copy_into, deep_getattr
 from .prototype import LayerSite
 
-__all__ = ["PATH_PLATE", "RULES", "Amortized", "QuadratureMarginal"]
+__all__ = ["PATH_PLATE", "RULES", "Amortized", "LocalGaussian", "QuadratureMarginal",
+           "weighted_paths"]
 
 #: the plate over the ``S`` paths that ``AmortizedELBO`` opens (dim -2)
 PATH_PLATE = "_amortized_paths"
@@ -66,6 +75,24 @@ class AmortizedRun(GuideRun):
     exact: bool = False
     index: torch.Tensor | None = None
     q: dict = field(default_factory=dict)
+
+
+class LocalGaussian(dist.Independent):
+    """``q(u_n)``: batch ``(..., N)``, event ``(D_out, M)``, a Gaussian per output with
+    ``loc (..., N, D_out, M)`` and ``scale_tril (..., N, D_out, M, M)``, together with the
+    inducing inputs ``inducing_inputs (..., N, M, D_in)`` at which ``u_n`` is defined."""
+
+    def __init__(self, loc: torch.Tensor, scale_tril: torch.Tensor,
+                 inducing_inputs: torch.Tensor, validate_args=None):
+        super().__init__(dist.MultivariateNormal(loc, scale_tril=scale_tril), 1,
+                         validate_args=validate_args)
+        self.inducing_inputs = inducing_inputs
+
+    def expand(self, batch_shape, _instance=None):
+        batch_shape = torch.Size(batch_shape)
+        base = self.base_dist.expand(batch_shape + self.base_dist.batch_shape[-1:])
+        Z = self.inducing_inputs
+        return LocalGaussian(base.loc, base.scale_tril, Z.expand(batch_shape + Z.shape[-2:]))
 
 
 class QuadratureMarginal(FunctionMarginal):
@@ -151,6 +178,7 @@ class Amortized(LayerGuide):
             raise TypeError("Amortized: encoder must be None, a torch.nn.Module or a dict of "
                             f"them by layer name, got {type(encoder).__name__}")
         self._given_encoder = encoder
+        self._weighted = False
         self.encoders = PyroModule()
         self.nodes = PyroModule()
 
@@ -229,6 +257,18 @@ class Amortized(LayerGuide):
         logits = self.weight_logits.detach()
         copy_into(self, "weight_logits", (weights / weights.sum()).log().to(logits))
 
+    @contextlib.contextmanager
+    def weighted_paths(self) -> Iterator[torch.Tensor | None]:
+        """Within this context a run whose path plate (dim -2) has ``num_paths`` entries, such
+        as ``predict``'s draws, takes the quadrature nodes in order, as under
+        ``AmortizedELBO``. Yields ``omega (S,)`` (detached), the weight of path ``s`` in the
+        predictive mixture; ``None`` for the rules without nodes (their draws are i.i.d.)."""
+        if not self.quadrature:
+            yield None
+            return
+        with swapped(self, "_weighted", True):
+            yield self.path_weights().detach()
+
     def layer_gaussian(self, site):
         raise NotImplementedError("Amortized: q(u) is per data point (amortized), not one "
                                   "Gaussian per layer")
@@ -236,7 +276,7 @@ class Amortized(LayerGuide):
     # ------------------------------------------------------------------- runs
     def new_run(self, *args, **kwargs) -> AmortizedRun:
         name, size = _path_plate()
-        exact = name == PATH_PLATE and size == self.num_paths
+        exact = size == self.num_paths and (name == PATH_PLATE or self._weighted)
         return AmortizedRun(paths=size, exact=exact)
 
     def _weights(self, run: AmortizedRun, P: int, like: torch.Tensor) -> torch.Tensor:
@@ -277,7 +317,7 @@ class Amortized(LayerGuide):
         out = deep_getattr(self.encoders, key)(at)
         loc, tril = check_encoded(out, at, layer.output_dim, layer.num_inducing, key)
         run.q[key] = (loc, tril, at)
-        return dist.MultivariateNormal(loc, scale_tril=tril).to_event(1)
+        return LocalGaussian(loc, tril, layer.inducing_inputs_at(at))
 
     def f_marginal(self, site, x, u, run):
         loc_u, tril, at = run.q[site.name.rsplit(".", 1)[0]]
@@ -291,6 +331,13 @@ class Amortized(LayerGuide):
     def sample_paths(self):
         raise NotImplementedError("Amortized: each point has its own inducing outputs, so the "
                                   "f values of a run are not one function's sample path")
+
+
+def weighted_paths(guide) -> contextlib.AbstractContextManager:
+    """:meth:`Amortized.weighted_paths` for a guide that has it; for any other a context
+    that yields ``None`` (i.i.d. draws, uniform weights)."""
+    method = getattr(guide, "weighted_paths", None)
+    return method() if method is not None else contextlib.nullcontext(None)
 
 
 def gauss_hermite_rule(S: int) -> tuple[np.ndarray, np.ndarray]:

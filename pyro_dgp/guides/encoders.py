@@ -32,8 +32,13 @@ def _mlp(d_in: int, d_out: int, width: int) -> torch.nn.Sequential:
 class MLPEncoder(PyroModule):
     """The encoder of Meng and Zhang 2024: two MLPs, ``g`` for the mean and ``h`` for the
     scale (softplus), each with two hidden layers as wide as the smaller of their input and
-    output sizes. The output layers start at zero weight, so every point and every one of the
-    ``M`` inducing outputs starts at mean 0 and scale ``init_scale``.
+    output sizes. Initially the outputs are equal over the ``M`` inducing outputs of each
+    unit, as in their App. C.1: the mean's output layer has one random row per unit, shared
+    by its ``M`` outputs (and no bias), so each point starts at its own mean; the scale's
+    has zero weight, so every point starts at scale ``init_scale``. (A mean of zero at every
+    point would be a saddle: with zero means and ``W = I``, a layer's inducing inputs move
+    with its input, so every point then sees the same numbers and no gradient tells them
+    apart.)
 
     :param input_dim: D_in; :param output_dim: D_out; :param num_inducing: M.
     :param init_scale: the initial scale of ``q(u_n)`` (whitened: 1 is the prior).
@@ -48,10 +53,11 @@ class MLPEncoder(PyroModule):
         self.mean_net = _mlp(input_dim, n, width)
         self.scale_net = _mlp(input_dim, n, width)
         with torch.no_grad():
-            for net, bias in ((self.mean_net, 0.0),
-                              (self.scale_net, math.log(math.expm1(init_scale)))):
-                net[-1].weight.zero_()
-                net[-1].bias.fill_(bias)
+            out = self.mean_net[-1]
+            out.weight.copy_(out.weight[::num_inducing].repeat_interleave(num_inducing, 0))
+            out.bias.zero_()
+            self.scale_net[-1].weight.zero_()
+            self.scale_net[-1].bias.fill_(math.log(math.expm1(init_scale)))
         self.to(dtype=dtype, device=device)
         to_pyro_module_(self)
 

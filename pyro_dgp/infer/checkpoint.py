@@ -11,10 +11,17 @@ import numpy as np
 import pyro
 import torch
 
+from ..gp.avdgp import avdgp_regression
 from ..gp.deep_gp import DeepGP
 from ..guides.registry import make_guide
 
-__all__ = ["atomic_save", "load_fit", "rng_state", "safe_load", "save_fit", "set_rng_state"]
+__all__ = ["ARCHITECTURES", "atomic_save", "load_fit", "model_from_config", "rng_state",
+           "safe_load", "save_fit", "set_rng_state"]
+
+#: the builders a saved fit names under ``config["model"]["architecture"]`` (default
+#: ``"dsvi"``): ``DeepGP.regression`` (``classification`` with ``"task"``), or the amortized
+#: architecture of Meng and Zhang 2024 (:func:`~pyro_dgp.gp.avdgp.avdgp_regression`)
+ARCHITECTURES = ("dsvi", "avdgp")
 
 
 def rng_state(generator: torch.Generator, device: torch.device) -> dict:
@@ -67,22 +74,38 @@ def save_fit(path: str | os.PathLike, model: DeepGP, guide, config: dict) -> Non
     """Write the model's and guide's state with the ``config`` that rebuilds them.
 
     ``config`` holds the keyword arguments of :meth:`DeepGP.regression` (or
-    ``classification``) under ``"model"`` and the guide name under ``"guide"``; rebuilding also
-    needs the training inputs (they fix k-means and PCA initial values, which the saved state
-    then overwrites).
+    ``classification``, or with ``"architecture": "avdgp"`` of
+    :func:`~pyro_dgp.gp.avdgp.avdgp_regression`) under ``"model"`` and the guide name under
+    ``"guide"``; rebuilding also needs the training inputs (they fix k-means and PCA initial
+    values, which the saved state then overwrites).
     """
     atomic_save(Path(path), {"config": config, "model": model.state_dict(),
                              "guide": guide.state_dict()})
+
+
+def model_from_config(config: dict, X_train: torch.Tensor, y_train: torch.Tensor) -> DeepGP:
+    """The model that ``config`` (a saved fit's ``config["model"]``) describes, built on
+    the training data: its ``"architecture"`` (:data:`ARCHITECTURES`, default ``"dsvi"``),
+    its ``"task"`` (``"regression"`` or ``"classification"``) and the builder's keyword
+    arguments."""
+    kwargs = dict(config)
+    task = kwargs.pop("task", "regression")
+    architecture = kwargs.pop("architecture", "dsvi")
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"model architecture must be one of {ARCHITECTURES}, got "
+                         f"{architecture!r}")
+    if architecture == "avdgp":
+        likelihood = "probit" if task == "classification" else "gaussian"
+        return avdgp_regression(X_train, y_train, likelihood=likelihood, **kwargs)
+    build = DeepGP.classification if task == "classification" else DeepGP.regression
+    return build(X_train, y_train, **kwargs)
 
 
 def load_fit(path: str | os.PathLike, X_train: torch.Tensor, y_train: torch.Tensor):
     """Rebuild ``(model, guide, config)`` saved by :func:`save_fit` on the same training data."""
     state = safe_load(path, map_location=X_train.device)
     config = state["config"]
-    kwargs = dict(config["model"])
-    task = kwargs.pop("task", "regression")
-    build = DeepGP.classification if task == "classification" else DeepGP.regression
-    model = build(X_train, y_train, **kwargs)
+    model = model_from_config(config["model"], X_train, y_train)
     model.load_state_dict(state["model"])
     guide = make_guide(config["guide"], model)
     with torch.no_grad():

@@ -10,9 +10,11 @@ import torch
 from pyro.infer import ELBO, RenyiELBO, Trace_ELBO, TraceMeanField_ELBO
 
 from ..errors import user_errors_first
+from ..guides.amortized import Amortized
 from ..rng import seeded
 from ..validation import check_inputs, check_positive_int, check_targets
 from .alpha import LocalAlpha
+from .amortized import AmortizedELBO
 from .elbo import AnalyticKL_ELBO
 from .importance import RenyiELBO as ImportanceRenyiELBO
 from .importance import check_importance_weights
@@ -37,7 +39,9 @@ def make_objective(objective, guide, num_particles: int = 1, alpha: float = 0.5,
     draws per point, not an ELBO) or
     an instance (returned as is, except that Pyro's ``RenyiELBO`` becomes
     :class:`~pyro_dgp.infer.importance.RenyiELBO` with the same settings: exact per-draw weights).
-    ``"auto"`` is ``"meanfield"`` for guides that factorise like the prior, else ``"elbo"``
+    ``"auto"`` is :class:`~pyro_dgp.infer.amortized.AmortizedELBO` for an
+    :class:`~pyro_dgp.guides.Amortized` guide (its rule's objective, with the paths' weights),
+    ``"meanfield"`` for other guides that factorise like the prior, else ``"elbo"``
     (Trace_ELBO). ``"meanfield"`` is :class:`~pyro_dgp.infer.elbo.AnalyticKL_ELBO`:
     TraceMeanField_ELBO's estimator (analytic KL), without the log-densities it discards.
     ``"renyi"`` is :class:`~pyro_dgp.infer.importance.RenyiELBO` (alpha 0.5)."""
@@ -57,6 +61,8 @@ def make_objective(objective, guide, num_particles: int = 1, alpha: float = 0.5,
     if objective == "alpha":
         return LocalAlpha(alpha, num_samples)
     if objective == "auto":
+        if isinstance(guide, Amortized):
+            return AmortizedELBO()
         objective = "meanfield" if getattr(guide, "mean_field", False) else "elbo"
     if objective not in _OBJECTIVES:
         raise ValueError(

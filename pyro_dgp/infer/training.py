@@ -14,15 +14,20 @@ import torch
 from pyro.infer.util import is_validation_enabled
 from tqdm.auto import tqdm
 
+from ..datasets.stream import RowStream, as_stream
 from ..errors import user_errors_first
 from ..linalg import CholeskyError
 from ..validation import check_inputs, check_positive_int, check_targets
 from .alpha import LocalAlpha
+from .batches import Batches, check_stream, model_dtype_device
 from .checkpoint import atomic_save, rng_state, safe_load, set_rng_state
+from .chunked import fit_elbo
+from .distributed import DataParallel, PeerFailedError, check_objective, for_fit
 from .draws import check_guide_of
 from .minibatch import check_minibatch_scale
 from .natgrad import NaturalGradient
-from .objectives import evaluate_elbo, make_objective
+from .objectives import make_objective
+from .optim import drop_non_finite_moments, make_optimizer, parameters_of
 from .threads import num_threads, step_work, threads_for
 
 __all__ = ["FitResult", "TrainingDivergedError", "fit", "make_objective", "make_optimizer"]
@@ -56,49 +61,20 @@ class FitResult:
                 f"seconds={self.seconds:.1f}, resumed_from={self.resumed_from})")
 
 
-def _parameters(*modules) -> list[torch.nn.Parameter]:
-    seen, out = set(), []
-    for m in modules:
-        for p in m.parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                out.append(p)
-    return out
-
-
-def drop_non_finite_moments(opt: torch.optim.Optimizer) -> None:
-    """Zero the non-finite entries of an optimiser's state tensors (Adam's moments).
-
-    A divergence is seen one step late: the update that made the parameters non-finite came
-    from a non-finite gradient, which also entered the moments. The parameters are restored
-    from the step before; the moments are not kept per step (a copy of the optimiser's state
-    at every step would cost more than the parameters' own), so their poisoned entries restart
-    from zero, as for a parameter that has not been updated yet, and a resumed run (at a
-    smaller ``lr``, say) can go on."""
-    for state in opt.state.values():
-        for value in state.values():
-            if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim():
-                torch.nan_to_num_(value, nan=0.0, posinf=0.0, neginf=0.0)
-
-
-def make_optimizer(optimizer: type[torch.optim.Optimizer], params, lr: float):
-    """``optimizer(params, lr=lr)``; for Adam and AdamW the fused implementation (one kernel
-    over all parameters) where this torch supports it on the parameters' device, instead of
-    a Python loop over the parameter tensors."""
-    if optimizer in (torch.optim.Adam, torch.optim.AdamW):
-        try:
-            return optimizer(params, lr=lr, fused=True)
-        except (RuntimeError, TypeError, ValueError):  # older torch, or a device without it
-            pass
-    return optimizer(params, lr=lr)
-
-
-
 def _check_arguments(model, X, y, num_steps, batch_size, lr, lr_decay, checkpoint_every):
-    """Validate ``fit``'s arguments; returns ``(N, B)``. Sets the model's ``num_data``."""
-    check_inputs(X)
-    N = X.shape[-2]
-    check_targets(y, N)
+    """Validate ``fit``'s arguments; returns ``(X, N, B)``, ``X`` a tensor or a stream
+    (:func:`~pyro_dgp.datasets.stream.as_stream`). Sets the model's ``num_data``."""
+    if not isinstance(X, torch.Tensor):
+        X = as_stream(X, y)
+    if isinstance(X, RowStream):
+        N = check_stream(model, X)
+    else:
+        check_inputs(X)
+        N = X.shape[-2]
+        if y is None:
+            raise ValueError("y is required when X is a tensor (y may be omitted only for a "
+                             "stream or dataset, which holds the targets)")
+        check_targets(y, N)
     check_positive_int(num_steps, "num_steps")
     if batch_size is not None:
         batch_size = check_positive_int(batch_size, "batch_size")
@@ -110,6 +86,8 @@ def _check_arguments(model, X, y, num_steps, batch_size, lr, lr_decay, checkpoin
     B = N if batch_size is None else min(batch_size, N)
     if hasattr(model, "num_data"):
         model.num_data = N
+    if isinstance(X, RowStream):  # its rows are converted to the model's dtype and device
+        return X, N, B
     if y.dtype != X.dtype or y.device != X.device:
         raise ValueError(f"y is {y.dtype} on {y.device} but X is {X.dtype} on {X.device}: give "
                          "both in the model's dtype and device")
@@ -122,21 +100,26 @@ def _check_arguments(model, X, y, num_steps, batch_size, lr, lr_decay, checkpoin
             f"X is {X.dtype} on {X.device} but {len(other)} model parameter(s) are not: "
             f"{listed}; build the model from the same data or call model.to(...)"
         )
-    return N, B
+    return X, N, B
 
 
 class _Training:
     """The state of one call of :func:`fit`: optimiser, random streams, checkpoint file."""
 
-    def __init__(self, model, guide, elbo, X, y, B, opt, params, generator, lr, lr_decay,
-                 num_steps, path, natural: NaturalGradient | None = None):
-        self.model, self.guide, self.elbo, self.X, self.y, self.B = model, guide, elbo, X, y, B
+    def __init__(self, model, guide, elbo, batches: Batches, opt, params, generator, lr,
+                 lr_decay, num_steps, path, natural: NaturalGradient | None = None,
+                 parallel: DataParallel | None = None, seed: int = 0):
+        self.model, self.guide, self.elbo, self.batches = model, guide, elbo, batches
+        self.device = batches.device
         self.opt, self.params, self.generator = opt, params, generator
         self.lr, self.lr_decay, self.num_steps, self.path = lr, lr_decay, num_steps, path
         self.result = FitResult(num_steps=num_steps)
         self.start, self.seconds_before, self.t0 = 0, 0.0, time.perf_counter()
         self.last_good = None
         self.natural = natural
+        # data-parallel: this process's part (infer/distributed.py); only process 0 writes
+        self.parallel, self.seed = parallel, seed
+        self.writer = parallel is None or parallel.writer
 
     def progress_label(self, loss_per_point: float) -> dict[str, str]:
         """The progress bar's figure: ``elbo/pt`` for an ELBO, ``loss/pt`` for an objective
@@ -149,47 +132,45 @@ class _Training:
         """Continue from the checkpoint, if it exists (parameters, moments, streams, losses)."""
         if self.path is None:
             raise ValueError("resume=True needs a checkpoint path")
-        if not self.path.exists():
+        state = None
+        if self.writer and self.path.exists():
+            state = safe_load(self.path, map_location=self.device)
+        if self.parallel is not None:  # process 0's checkpoint, on every process
+            state = self.parallel.broadcast_state(state, map_location=self.device)
+        if state is None:
             return
-        state = safe_load(self.path, map_location=self.X.device)
         self.model.load_state_dict(state["model"])
         self.guide.load_state_dict(state["guide"])
         self.opt.load_state_dict(state["optimizer"])
         for group in self.opt.param_groups:  # load_state_dict brought back the saved rate
             group["lr"] = self.lr  # (a decaying schedule sets each step's rate from lr)
         saved_lr = state.get("lr")
-        if saved_lr is not None and saved_lr != self.lr:
+        if saved_lr is not None and saved_lr != self.lr and self.writer:
             warnings.warn(
                 f"resuming with lr={self.lr}; the checkpoint was written with lr={saved_lr}: "
                 "the run continues from its state at the new rate, not exactly",
                 UserWarning, stacklevel=3)
-        set_rng_state(state["rng"], self.generator, self.X.device)
+        set_rng_state(state["rng"], self.generator, self.device)
         self.result.losses = list(state["losses"])
         self.start = self.result.resumed_from = int(state["step"])
         self.seconds_before = float(state.get("seconds", 0.0))
+        self.batches.skip(self.start)
 
     def save(self, step: int, rng: dict | None = None) -> None:
         """Checkpoint at the start of ``step``; ``rng``: the random state there, if the
         streams have moved on since (a step cut short by an interrupt or a NaN)."""
-        if self.path is None:
+        if self.path is None or not self.writer:
             return
         atomic_save(self.path, {
             "step": step,
             "model": self.model.state_dict(),
             "guide": self.guide.state_dict(),
             "optimizer": self.opt.state_dict(),
-            "rng": rng if rng is not None else rng_state(self.generator, self.X.device),
+            "rng": rng if rng is not None else rng_state(self.generator, self.device),
             "losses": self.result.losses,
             "lr": self.lr,
             "seconds": self.seconds_before + time.perf_counter() - self.t0,
         })
-
-    def batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        N = self.X.shape[-2]
-        if self.B < N:
-            idx = torch.randperm(N, generator=self.generator)[: self.B].to(self.X.device)
-            return self.X[idx], self.y[idx]
-        return self.X, self.y
 
     def loss_and_grads(self, step: int, args) -> tuple[float, Exception | None]:
         """One evaluation of the objective and its gradient; ``(nan, error)`` where a Cholesky
@@ -202,14 +183,23 @@ class _Training:
                 if self.natural is not None:
                     return self.natural.loss_and_grads(
                         lambda: self.elbo.differentiable_loss(self.model, self.guide, *args)), None
+                if self.parallel is not None:
+                    # this process's part of the global objective (infer/distributed.py):
+                    # its loss weighted B_r / B, so that the KL adds up to once
+                    loss_t = self.batches.share * self.elbo.differentiable_loss(
+                        self.model, self.guide, *args)
+                    loss_t.backward()
+                    return float(loss_t.detach()), None
                 if hasattr(self.elbo, "differentiable_loss"):
                     loss_t = self.elbo.differentiable_loss(self.model, self.guide, *args)
                     loss_t.backward()
                     return float(loss_t.detach()), None
                 return float(self.elbo.loss_and_grads(self.model, self.guide, *args)), None
         except CholeskyError as err:
-            if step == self.start:  # the starting parameters themselves: not a divergence
-                raise
+            if step == self.start and self.parallel is None:
+                raise  # the starting parameters themselves: not a divergence
+            # in a data-parallel run the other processes wait in the all-reduce: the NaN
+            # reaches them there, and every process stops at this step
             return math.nan, err
 
     def diverged(self, step: int, loss: float, failure, step_rng) -> TrainingDivergedError:
@@ -227,12 +217,19 @@ class _Training:
         )
 
     def step(self, step: int, step_rng) -> float:
-        args = self.batch()
+        args = self.batches.draw(self.generator)
         if self.lr_decay != 1:
             for group in self.opt.param_groups:
                 group["lr"] = self.lr * self.lr_decay ** (step / max(self.num_steps - 1, 1))
         self.opt.zero_grad()
+        if self.parallel is not None:
+            self.parallel.step = step
+            self.parallel.seed_step(self.seed, step)
         loss, failure = self.loss_and_grads(step, args)
+        if self.parallel is not None:  # the gradient and loss of the global batch
+            loss = self.parallel.all_reduce(self.params, loss)
+            if failure is not None and step == self.start:
+                raise failure  # the starting parameters themselves: not a divergence
         if not math.isfinite(loss):
             raise self.diverged(step, loss, failure, step_rng) from failure
         with torch.no_grad():
@@ -245,7 +242,8 @@ class _Training:
         return loss
 
     def run(self, progress: bool, checkpoint_every: int) -> FitResult:
-        N, losses = self.X.shape[-2], self.result.losses
+        N, losses = self.batches.num_data, self.result.losses
+        progress = progress and self.writer
         self.t0 = time.perf_counter()
         self.last_good = [p.detach().clone() for p in self.params]
         bar = tqdm(total=self.num_steps, initial=self.start, disable=not progress, desc="SVI",
@@ -254,7 +252,7 @@ class _Training:
         try:
             for step in range(self.start, self.num_steps):
                 if self.path is not None:  # the generator's state: only for a checkpoint
-                    step_rng = rng_state(self.generator, self.X.device)
+                    step_rng = rng_state(self.generator, self.device)
                 self.step(step, step_rng)
                 if progress:
                     bar.update(1)
@@ -264,9 +262,10 @@ class _Training:
                 if self.path is not None and (step + 1) % checkpoint_every == 0:
                     self.save(step + 1)
             step = self.num_steps
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, PeerFailedError):
             # the step in flight is dropped; the run resumes from its start exactly (unless
-            # the interrupt came between the update and the loss record)
+            # the interrupt came between the update and the loss record). A lost peer stops
+            # the step in its all-reduce, before any update: every process was at this state
             self.save(len(losses), step_rng if len(losses) == step else None)
             raise
         finally:
@@ -278,7 +277,7 @@ class _Training:
 
 @user_errors_first
 def fit(
-    model, guide, X: torch.Tensor, y: torch.Tensor, *,
+    model, guide, X, y: torch.Tensor | None = None, *,
     num_steps: int = 1000,
     batch_size: int | None = None,
     lr: float = 0.01,
@@ -294,12 +293,12 @@ def fit(
     final_elbo_particles: int = 8,
     threads: int | None = None,
     natural_gradient=None,
-    alpha: float = 0.5,
-    num_samples: int = 10,
+    alpha: float = 0.5, num_samples: int = 10, distributed: bool = False,
 ) -> FitResult:
     """Train ``guide`` (and the model's hyperparameters) by SVI.
 
-    :param X: ``(N, D)`` inputs; :param y: ``(N,)`` targets, on the model's device and dtype.
+    :param X: ``(N, D)`` inputs; :param y: ``(N,)`` targets, on the model's device and dtype;
+        or data read row by row, ``y`` omitted (:mod:`pyro_dgp.infer.batches`).
     :param batch_size: minibatch size B (``None``, or ``>= N``: full batch); the likelihood
         must be scaled by ``N / B``: a :class:`~pyro_dgp.DeepGP` does it through its
         ``num_data``, a hand-written model through its data plate
@@ -323,49 +322,76 @@ def fit(
     :param threads: torch's intra-op threads during the fit (restored after); ``None``: on
         CPU by the problem's size (:func:`pyro_dgp.infer.threads.threads_for`: one thread for
         small problems, where more only spin), on other devices as is.
+    :param distributed: data-parallel over torchrun's processes (:mod:`pyro_dgp.infer.distributed`).
     :raises TrainingDivergedError: on a NaN/inf loss or a Cholesky failure (parameters gone
         non-finite), after restoring the last good parameters and writing the checkpoint.
     """
-    N, B = _check_arguments(model, X, y, num_steps, batch_size, lr, lr_decay, checkpoint_every)
+    X, N, B = _check_arguments(model, X, y, num_steps, batch_size, lr, lr_decay, checkpoint_every)
     check_guide_of(model, guide, "fit")
-    if threads is None and X.device.type == "cpu":
-        threads = threads_for(step_work(model, B, num_particles))
-    with num_threads(threads):
-        return _fit(model, guide, X, y, N, B, num_steps=num_steps, lr=lr, objective=objective,
-                    num_particles=num_particles, seed=seed, progress=progress,
-                    checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume,
-                    optimizer=optimizer, lr_decay=lr_decay,
-                    final_elbo_particles=final_elbo_particles, natural_gradient=natural_gradient,
-                    alpha=alpha, num_samples=num_samples)
+    batches, parallel = _batches(model, X, y, B, distributed, objective, natural_gradient)
+    with num_threads(_threads(threads, model, batches, num_particles)):
+        return _fit(model, guide, batches, parallel, num_steps=num_steps, lr=lr,
+                    objective=objective, num_particles=num_particles, seed=seed,
+                    progress=progress, checkpoint=checkpoint, checkpoint_every=checkpoint_every,
+                    resume=resume, optimizer=optimizer, lr_decay=lr_decay, alpha=alpha,
+                    final_elbo_particles=final_elbo_particles, num_samples=num_samples,
+                    natural_gradient=natural_gradient)
 
 
-def _fit(model, guide, X, y, N, B, *, num_steps, lr, objective, num_particles, seed, progress,
-         checkpoint, checkpoint_every, resume, optimizer, lr_decay, final_elbo_particles,
-         natural_gradient, alpha, num_samples):
+def _batches(model, X, y, B: int, distributed: bool, objective, natural_gradient):
+    """``(Batches, DataParallel or None)``: the minibatches of this process (its part of each
+    global batch of ``B`` rows, in a data-parallel run)."""
+    dtype, device = ((X.dtype, X.device) if isinstance(X, torch.Tensor)
+                     else model_dtype_device(model))
+    parallel = for_fit(objective, natural_gradient, device) if distributed else None
+    shard = None if parallel is None else parallel.shard(B)
+    data = (X, y) if isinstance(X, torch.Tensor) else X
+    return Batches(data, B, shard, dtype, device), parallel
+
+
+def _threads(threads: int | None, model, batches: Batches, num_particles: int) -> int | None:
+    """``threads``, else on CPU by the size of this process's step."""
+    if threads is None and batches.device.type == "cpu":
+        return threads_for(step_work(model, batches.local_size, num_particles))
+    return threads
+
+
+def _fit(model, guide, batches: Batches, parallel: DataParallel | None, *, num_steps, lr,
+         objective, num_particles, seed, progress, checkpoint, checkpoint_every, resume,
+         optimizer, lr_decay, final_elbo_particles, natural_gradient, alpha, num_samples):
     """:func:`fit` after its checks, with its thread count set."""
+    if parallel is not None:
+        seed = parallel.common_seed(seed)
     if seed is not None:
         pyro.set_rng_seed(seed)
     # the minibatch stream: from the seed, else from torch's global stream (as is)
     generator = torch.Generator().manual_seed(
         seed if seed is not None else int(torch.randint(2**62, ()).item()))
     elbo = make_objective(objective, guide, num_particles, alpha=alpha, num_samples=num_samples)
+    X0, y0 = batches.first()
     with torch.no_grad():
-        guide(X[:B], y[:B])  # creates lazily-built variational parameters
-    if B < N:
-        check_minibatch_scale(model, guide, X[:B], y[:B], N)
-    params = _parameters(model, guide)
+        guide(X0, y0)  # creates lazily-built variational parameters
+    if batches.local_size < batches.num_data:
+        n = batches.local_size
+        check_minibatch_scale(model, guide, X0[:n], y0[:n], batches.num_data)
+    if parallel is not None:
+        check_objective(elbo)
+    params = parameters_of(model, guide)
+    if parallel is not None:  # every process starts from process 0's parameters
+        parallel.check_same_structure(params)
+        parallel.broadcast([*params, *model.buffers(), *guide.buffers()])
     opt = make_optimizer(optimizer, params, lr)
     path = Path(checkpoint) if checkpoint is not None else None
     natural = None if natural_gradient is None else NaturalGradient(guide, natural_gradient)
-    training = _Training(model, guide, elbo, X, y, B, opt, params, generator, lr, lr_decay,
-                         num_steps, path, natural)
+    training = _Training(model, guide, elbo, batches, opt, params, generator, lr, lr_decay,
+                         num_steps, path, natural, parallel, seed)
     if resume:
         training.resume()
         if natural is not None:
             natural.num_steps = training.start
     result = training.run(progress, checkpoint_every)
     if final_elbo_particles:
-        estimate = evaluate_elbo(model, guide, X, y, final_elbo_particles, "auto",
-                                 seed=0 if seed is None else seed)
+        estimate = fit_elbo(model, guide, batches, final_elbo_particles,
+                              0 if seed is None else seed, parallel)
         result.final_elbo, result.final_elbo_stderr = estimate.value, estimate.stderr
     return result

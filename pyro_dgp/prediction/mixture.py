@@ -1,7 +1,8 @@
-"""The predictive distribution of a deep GP: a uniform mixture over ``S`` guide draws, each
-the likelihood integrated against the last layer's Gaussian of that draw (Salimbeni and
-Deisenroth 2017), with its closed-form CRPS for a Gaussian likelihood (Grimit et al. 2006) or
-a binary one (the Brier score), and estimates from seeded draws for any other likelihood."""
+"""The predictive distribution of a deep GP: a mixture over ``S`` guide draws, each the
+likelihood integrated against the last layer's Gaussian of that draw (Salimbeni and Deisenroth
+2017), uniform or with weights (the learned quadrature of Meng and Zhang 2024), with its
+closed-form CRPS for a Gaussian likelihood (Grimit et al. 2006) or a binary one (the Brier
+score), and estimates from seeded draws for any other likelihood."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ..rng import seeded
 from ..validation import binary_labels, check_positive_finite, check_positive_int
 from .sampled import sample_cdf, sample_crps, sample_moments, sample_quantiles
 
-__all__ = ["MixturePredictive", "check_units", "gaussian_mixture_crps"]
+__all__ = ["MixturePredictive", "check_units", "check_weights", "gaussian_mixture_crps"]
 
 #: entries of ``y`` drawn per block of points (``K S n``): 32 MiB of float64 draws
 _DRAW_BLOCK = 2**22
@@ -29,23 +30,59 @@ def _crps_A(mu: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
     return 2 * s * phi + mu * (2 * ndtr(z) - 1)
 
 
-def gaussian_mixture_crps(y, means, variances, chunk: int | None = None) -> torch.Tensor:
-    """CRPS of the uniform mixture ``(1/S) sum_s N(means_s, variances_s)`` at ``y``.
+def gaussian_mixture_crps(y, means, variances, chunk: int | None = None,
+                          weights: torch.Tensor | None = None) -> torch.Tensor:
+    """CRPS of the mixture ``sum_s w_s N(means_s, variances_s)`` at ``y`` (Grimit et al. 2006):
+    ``sum_s w_s A(y - mu_s, s_s^2) - 1/2 sum_{i,j} w_i w_j A(mu_i - mu_j, s_i^2 + s_j^2)``.
 
     :param y: ``(N,)``; :param means, variances: ``(S, N)``. :returns: ``(N,)``.
+    :param weights: ``(S, 1)`` or ``(S, N)`` summing to one over ``S``
+        (:func:`check_weights`); ``None``: uniform, ``w_s = 1/S``.
     :param chunk: points per block of the ``(S, S, chunk)`` pairwise term; default: as many
         as keep a block to ``2**21`` entries (16 MiB in float64), whatever ``S``.
     """
     S = means.shape[0]
     if chunk is None:
         chunk = max(1, 2**21 // S**2)
-    first = _crps_A(y - means, variances).mean(0)
+    first = _crps_A(y - means, variances)
+    first = first.mean(0) if weights is None else (weights * first).sum(0)
     second = []
     for lo in range(0, means.shape[1], chunk):
         m, v = means[:, lo : lo + chunk], variances[:, lo : lo + chunk]
         pair = _crps_A(m.unsqueeze(0) - m.unsqueeze(1), v.unsqueeze(0) + v.unsqueeze(1))
-        second.append(pair.sum((0, 1)) / S**2)
+        if weights is None:
+            second.append(pair.sum((0, 1)) / S**2)
+        else:
+            w = weights[:, lo : lo + chunk] if weights.shape[-1] > 1 else weights
+            second.append((w.unsqueeze(0) * w.unsqueeze(1) * pair).sum((0, 1)))
     return first - 0.5 * torch.cat(second)
+
+
+def check_weights(weights, S: int, N: int, like: torch.Tensor) -> torch.Tensor | None:
+    """Mixture weights as ``(S, 1)`` (shared by the points) or ``(S, N)`` (per point), in
+    ``like``'s dtype and device; ``None`` stays ``None`` (uniform).
+
+    :param weights: ``(S,)``, ``(S, 1)`` or ``(S, N)``, non-negative and finite, summing to
+        one over ``S`` (to ``sqrt(eps)`` of the dtype; they are not renormalised).
+    :raises ValueError: naming the shape or the values that are wrong.
+    """
+    if weights is None:
+        return None
+    w = torch.as_tensor(weights).to(dtype=like.dtype, device=like.device)
+    if w.dim() == 1:
+        w = w.unsqueeze(-1)
+    if w.dim() != 2 or w.shape[0] != S or w.shape[1] not in (1, N):
+        raise ValueError(f"MixturePredictive: weights must be (S,), (S, 1) or (S, N) with S = "
+                         f"{S}, N = {N}, got shape {tuple(torch.as_tensor(weights).shape)}")
+    if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
+        raise ValueError("MixturePredictive: weights must be finite and non-negative")
+    total = w.sum(0)
+    tol = torch.finfo(w.dtype).eps ** 0.5
+    if bool(((total - 1).abs() > tol).any()):
+        worst = float(total[(total - 1).abs().argmax()])
+        raise ValueError(f"MixturePredictive: weights must sum to one over the S components, "
+                         f"got a sum of {worst}")
+    return w
 
 
 def check_units(y_mean, y_std, where: str) -> tuple[float, float]:
@@ -59,7 +96,8 @@ def check_units(y_mean, y_std, where: str) -> tuple[float, float]:
 
 
 class MixturePredictive:
-    """``p(y* | x*) = (1/S) sum_s int p(y* | f) N(f; loc_s, var_s) df`` per test point.
+    """``p(y* | x*) = sum_s w_s int p(y* | f) N(f; loc_s, var_s) df`` per test point, with
+    ``w_s = 1/S`` or given weights.
 
     Closed forms where the likelihood has them (``docs/likelihoods.md``): the log-density
     (``predictive_log_prob``), mean and variance (``predictive_moments``), and the CRPS, CDF and
@@ -79,11 +117,14 @@ class MixturePredictive:
     :param mc_samples: draws per point for the estimates (default 1000; their standard error
         falls as ``mc_samples^{-1/2}``).
     :param mc_seed: seed of those draws; ``None`` draws from the global random state.
+    :param weights: the components' weights, ``(S,)`` or per point ``(S, N)``, summing to
+        one (:func:`check_weights`); ``None``: uniform. Every closed form and estimate is
+        that of the weighted mixture.
     """
 
     def __init__(self, loc, var, likelihood: Likelihood, y_mean=0.0, y_std=1.0,
                  hyperparameters: dict[str, torch.Tensor] | None = None,
-                 mc_samples: int = 1000, mc_seed: int | None = 0):
+                 mc_samples: int = 1000, mc_seed: int | None = 0, weights=None):
         if loc.shape != var.shape or loc.dim() != 2:
             raise ValueError(f"loc and var must both be (S, N), got {loc.shape} and {var.shape}")
         if loc.shape[0] == 0:
@@ -98,6 +139,12 @@ class MixturePredictive:
         self.mc_samples = check_positive_int(mc_samples, "MixturePredictive: mc_samples")
         self.mc_seed = (None if mc_seed is None else
                         check_positive_int(mc_seed, "MixturePredictive: mc_seed", allow_zero=True))
+        #: ``(S, 1)`` or ``(S, N)`` weights of the components, or ``None`` (uniform)
+        self.weights = check_weights(weights, *loc.shape, loc)
+
+    def _average(self, t: torch.Tensor) -> torch.Tensor:
+        """``sum_s w_s t_s`` over dim -2 of ``t (..., S, N)``: the mean for uniform weights."""
+        return t.mean(-2) if self.weights is None else (self.weights * t).sum(-2)
 
     def _fixed(self):
         """The likelihood evaluated at the draws' own hyperparameters (Bayesian noise: one per
@@ -116,7 +163,8 @@ class MixturePredictive:
     def rescale(self, y_mean: float, y_std: float) -> MixturePredictive:
         """The same predictive reported in units ``y = y_mean + y_std * y_model``."""
         return MixturePredictive(self.loc, self.var, self.likelihood, y_mean, y_std,
-                                 self.hyperparameters, self.mc_samples, self.mc_seed)
+                                 self.hyperparameters, self.mc_samples, self.mc_seed,
+                                 self.weights)
 
     def _model_moments(self):
         """``(S, N)`` mean and variance of each component in model units."""
@@ -128,9 +176,10 @@ class MixturePredictive:
         return self.y_mean + self.y_std * mean, self.y_std**2 * var
 
     def _over_draws(self, fn) -> torch.Tensor:
-        """``fn(draws, points)`` over blocks of points, concatenated along the last dim:
-        ``draws`` ``(K, S, n)`` of ``y`` in model units at the points ``points`` (a slice), from
-        ``mc_seed``; the likelihood's per-point hyperparameters (``(S, N)``) sliced alike."""
+        """``fn(draws, points, weights)`` over blocks of points, concatenated along the last
+        dim: ``draws`` ``(K, S, n)`` of ``y`` in model units at the points ``points`` (a slice),
+        from ``mc_seed``; the likelihood's per-point hyperparameters (``(S, N)``) and the
+        weights (``None``, ``(S, 1)`` or ``(S, n)``) sliced alike."""
         S, N = self.loc.shape
         K = self.draws_per_component
         step = max(1, _DRAW_BLOCK // (K * S))
@@ -143,18 +192,26 @@ class MixturePredictive:
                 with self.likelihood.fixed(hyper):
                     draws = self.likelihood.predictive_sample(self.loc[:, points],
                                                               self.var[:, points], K)
-                out.append(fn(draws, points))
+                w = self.weights
+                if w is not None and w.shape[-1] == N:
+                    w = w[:, points]
+                out.append(fn(draws, points, w))
         return torch.cat(out, -1)
 
     def _moments(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(N,)`` mean and variance in reporting units: the law of total variance over the
-        components' moments, or the draws' where the likelihood has none."""
+        components' moments, ``sum_s w_s v_s + sum_s w_s (m_s - mean)^2``, or the draws'
+        where the likelihood has none."""
         try:
             m, v = self._component_moments()
         except NotImplementedError:
-            mean, var = self._over_draws(lambda draws, _: torch.stack(sample_moments(draws)))
+            mean, var = self._over_draws(
+                lambda draws, _, w: torch.stack(sample_moments(draws, w)))
             return self.y_mean + self.y_std * mean, self.y_std**2 * var
-        return m.mean(0), v.mean(0) + m.var(0, unbiased=False)
+        if self.weights is None:
+            return m.mean(0), v.mean(0) + m.var(0, unbiased=False)
+        mean = self._average(m)
+        return mean, self._average(v) + self._average((m - mean).square())
 
     @property
     def mean(self) -> torch.Tensor:
@@ -177,17 +234,19 @@ class MixturePredictive:
         return y
 
     def log_prob(self, y: torch.Tensor) -> torch.Tensor:
-        """``(N,)`` mixture log-density ``logsumexp_s log p_s(y) - log S`` (not the mean of
-        per-sample log-densities)."""
+        """``(N,)`` mixture log-density ``logsumexp_s (log p_s(y) + log w_s)``, ``log w_s =
+        -log S`` for uniform weights (not the mean of per-sample log-densities)."""
         y = self.check_targets(y)
         z = (y - self.y_mean) / self.y_std
         with torch.no_grad(), self._fixed():
             lp = self.likelihood.predictive_log_prob(z, self.loc, self.var)
-        return torch.logsumexp(lp, 0) - math.log(self.num_samples) - math.log(self.y_std)
+        if self.weights is None:
+            return torch.logsumexp(lp, 0) - math.log(self.num_samples) - math.log(self.y_std)
+        return torch.logsumexp(lp + self.weights.log(), 0) - math.log(self.y_std)
 
     def _bernoulli_p(self) -> torch.Tensor:
         """``(N,)`` ``p(y = 1)`` of a binary likelihood's mixture, a Bernoulli (model units)."""
-        return self._model_moments()[0].mean(0)
+        return self._average(self._model_moments()[0])
 
     def crps(self, y: torch.Tensor) -> torch.Tensor:
         """``(N,)`` CRPS at ``y``: closed form for a Gaussian mixture (Grimit et al. 2006) and
@@ -197,25 +256,26 @@ class MixturePredictive:
         y = self.check_targets(y)
         if self.likelihood.gaussian_predictive:
             m, v = self._component_moments()
-            return gaussian_mixture_crps(y, m, v)
+            return gaussian_mixture_crps(y, m, v, weights=self.weights)
         z = (y - self.y_mean) / self.y_std
         if self.likelihood.binary:
             p = self._bernoulli_p()
             return self.y_std * (p - binary_labels(z).to(p.dtype)).square()
-        return self.y_std * self._over_draws(lambda draws, points: sample_crps(z[points], draws))
+        return self.y_std * self._over_draws(
+            lambda draws, points, w: sample_crps(z[points], draws, w))
 
     def cdf(self, y: torch.Tensor) -> torch.Tensor:
         """``(..., N)`` mixture CDF at ``y`` (broadcast against ``(N,)``): closed form for a
         Gaussian or binary predictive, else the empirical CDF of ``mc_samples`` draws."""
         if self.likelihood.gaussian_predictive:
             m, v = self._component_moments()
-            return ndtr((y.unsqueeze(-2) - m) / v.sqrt()).mean(-2)
+            return self._average(ndtr((y.unsqueeze(-2) - m) / v.sqrt()))
         z = (y - self.y_mean) / self.y_std
         z = z.expand(*z.shape[:-1], self.loc.shape[-1])
         if self.likelihood.binary:
             p = self._bernoulli_p()
             return torch.where(z < 0, 0.0, torch.where(z < 1, 1 - p, 1.0)).to(p.dtype)
-        return self._over_draws(lambda draws, points: sample_cdf(z[..., points], draws))
+        return self._over_draws(lambda draws, points, w: sample_cdf(z[..., points], draws, w))
 
     def quantiles(self, q, iters: int = 60) -> torch.Tensor:
         """``(Q, N)`` quantiles for probabilities ``q``: bisection on a Gaussian mixture's CDF
@@ -229,7 +289,7 @@ class MixturePredictive:
         if self.likelihood.binary:
             z = (q > 1 - self._bernoulli_p()).to(q.dtype)
         else:
-            z = self._over_draws(lambda draws, _: sample_quantiles(q.reshape(-1), draws))
+            z = self._over_draws(lambda draws, _, w: sample_quantiles(q.reshape(-1), draws, w))
         return self.y_mean + self.y_std * z
 
     def _gaussian_quantiles(self, q: torch.Tensor, iters: int) -> torch.Tensor:

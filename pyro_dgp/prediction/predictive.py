@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import user_errors_first
+from ..guides.amortized import weighted_paths
 from ..guides.base import shared_draws
 from ..infer.draws import (
     check_guide_of,
@@ -33,7 +34,10 @@ def predict(
     y_std: float = 1.0,
     seed: int | None = None,
 ) -> MixturePredictive:
-    """Predictive mixture at ``X`` from ``num_samples`` guide draws.
+    """Predictive mixture at ``X`` from ``num_samples`` guide draws, uniformly weighted; or,
+    for a guide whose predictive is a fixed weighted mixture of paths (``guides.Amortized``
+    with rule ``AR2P`` or ``AR2PP``: its ``S = num_paths`` quadrature nodes and weights
+    ``omega``), exactly that mixture, whatever ``num_samples``.
 
     :param model: a :class:`~pyro_dgp.DeepGP` (anything with ``.likelihood`` and layers).
     :param guide: any guide of the library (or a completed autoguide).
@@ -56,7 +60,9 @@ def predict(
     set_up_guide(guide, (X[..., :batch_size, :],), seed, X.device)
     # one U per draw for all points: per-point draws (a training estimator) would give the
     # same per-point mixtures at O(N) times the sampling cost
-    with torch.no_grad(), seeded(seed, X.device), shared_draws(guide):
+    with torch.no_grad(), seeded(seed, X.device), shared_draws(guide), \
+            weighted_paths(guide) as weights:
+        S = S if weights is None else weights.shape[0]
         chunks = [_chunk_draws(model, guide, chunk, S, last)
                   for chunk in X.split(batch_size, dim=-2)]
     locs, vars_, hypers = zip(*chunks, strict=True)
@@ -66,7 +72,7 @@ def predict(
     # the draws behind estimates without a closed form (a custom likelihood's CRPS) follow the
     # same seed
     return MixturePredictive(torch.cat(locs, -1), torch.cat(vars_, -1), likelihood, y_mean, y_std,
-                             hyper, mc_seed=0 if seed is None else seed)
+                             hyper, mc_seed=0 if seed is None else seed, weights=weights)
 
 
 def _chunk_draws(model, guide, chunk: torch.Tensor, S: int, last: str | None):

@@ -1,0 +1,95 @@
+"""The deep GP architecture of Meng and Zhang 2024 (AVDGP): a stack of
+:class:`~pyro_dgp.gp.amortized.AmortizedGPLayer` with per-point inducing inputs, for the
+amortized guides (:class:`~pyro_dgp.guides.Amortized`).
+
+Their regression setup: three layers of widths ``D -> 16 -> 4 -> 1``, ``M = 8, 4, 4``
+inducing points, isotropic Matern-5/2 kernels and zero mean functions in every layer (Meng
+and Zhang 2024, App. C.1). The affine maps of the inducing inputs start at ``W = I`` and
+offsets ``b`` drawn from a standard normal, so the initial inducing inputs are noisy copies
+of each input. Kernel variances, lengthscales and the noise variance start at
+``ln 2 = softplus(0)``, as :meth:`~pyro_dgp.DeepGP.regression` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..likelihoods import Likelihood
+from ..validation import check_positive_int
+from .amortized import AmortizedGPLayer
+from .architectures import (
+    KERNELS,
+    LN2,
+    check_regression_arguments,
+    default_dtype,
+    make_likelihood,
+)
+from .deep_gp import DeepGP
+
+__all__ = ["PAPER_HIDDEN_DIMS", "PAPER_NUM_INDUCING", "avdgp_regression"]
+
+#: the hidden widths and inducing points per layer of Meng and Zhang 2024 (regression)
+PAPER_HIDDEN_DIMS = (16, 4)
+PAPER_NUM_INDUCING = (8, 4, 4)
+
+
+def _per_layer(num_inducing, num_layers: int) -> list[int]:
+    """``M`` per layer from one int or one per layer, each checked."""
+    if isinstance(num_inducing, int):
+        num_inducing = [num_inducing] * num_layers
+    Ms = [check_positive_int(m, "avdgp_regression: num_inducing") for m in num_inducing]
+    if len(Ms) != num_layers:
+        raise ValueError(f"avdgp_regression: num_inducing must be one int or one per layer "
+                         f"({num_layers}), got {len(Ms)}")
+    return Ms
+
+
+def avdgp_regression(
+    X: torch.Tensor, y: torch.Tensor, *,
+    hidden_dims: Sequence[int] = PAPER_HIDDEN_DIMS,
+    num_inducing: int | Sequence[int] = PAPER_NUM_INDUCING,
+    kernel: str = "matern52",
+    ard: bool = False,
+    likelihood: str | Likelihood = "gaussian",
+    noise_variance: float = LN2,
+    kernel_variance: float = LN2,
+    lengthscale: float = LN2,
+    kl_weight: str = "one",
+    jitter: float | None = None,
+    seed: int = 0,
+    name: str | None = None,
+) -> DeepGP:
+    """A :class:`~pyro_dgp.DeepGP` of amortized layers (module docstring), built on ``X``'s
+    device and dtype.
+
+    :param X: ``(N, D)`` training inputs (standardised); :param y: ``(N,)`` targets.
+    :param hidden_dims: the inner layers' widths (``()``: one layer).
+    :param num_inducing: ``M`` of every layer, or one per layer.
+    :param kernel: a name of :data:`~pyro_dgp.gp.architectures.KERNELS`; ``ard``: one
+        lengthscale per input dimension instead of one per kernel.
+    :param likelihood: ``"gaussian"``, ``"studentt"``, ``"probit"`` or an instance.
+    :param kl_weight: ``"one"`` (the ELBO) or ``"1/N"`` (the per-point KL weighted by
+        ``1/N``, Meng and Zhang 2024, App. A); see :class:`AmortizedGPLayer`.
+    :param seed: seed of the offsets ``b`` (the global random state is left alone).
+    """
+    hidden = [check_positive_int(h, "avdgp_regression: hidden_dims") for h in hidden_dims]
+    dims = [X.shape[-1], *hidden, 1]
+    Ms = _per_layer(num_inducing, len(dims) - 1)
+    checked = check_regression_arguments(X, y, len(dims) - 1, hidden[0] if hidden else None,
+                                         max(Ms), kernel, likelihood, noise_variance, seed)
+    gen = torch.Generator().manual_seed(checked["seed"])
+    with default_dtype(X.dtype):
+        lik = make_likelihood(likelihood, checked["noise_variance"])
+        layers = [
+            AmortizedGPLayer(
+                d_in, d_out,
+                inducing_offsets=torch.randn(M, d_in, generator=gen, dtype=X.dtype),
+                kernel=KERNELS[kernel](d_in, variance=kernel_variance, lengthscale=lengthscale,
+                                       ard=ard),
+                mean="zero", jitter=jitter, name=f"layer{i + 1}", kl_weight=kl_weight)
+            for i, (d_in, d_out, M) in enumerate(zip(dims[:-1], dims[1:], Ms, strict=True))
+        ]
+        model = DeepGP(layers, lik, num_data=X.shape[-2], name=name)
+    return model.to(device=X.device, dtype=X.dtype)

@@ -1,0 +1,54 @@
+"""The notebooks (``notebooks/*.py``, jupytext percent sources) execute from top to bottom
+in their small size, each in under two minutes.
+
+Marked ``notebooks`` and left out of the default run (``pyproject.toml``); ``.ci/run`` runs
+them as a step of their own: ``python -m pytest -m notebooks tests/test_notebooks.py``. Set
+``PYRO_DGP_NOTEBOOK_OUT`` to a folder to keep the executed notebooks (``.ipynb``, with their
+figures) there.
+"""
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.py"))
+DATA = Path(os.environ.get("PYRO_DGP_DATA", ROOT.parent / "shared" / "data"))
+#: the acceptance bound of a notebook's small run on the CI machine (2 cores)
+LIMIT_S = 120
+
+pytestmark = pytest.mark.notebooks
+
+
+def test_the_notebooks_are_there():
+    assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_executes_in_its_small_size(path, monkeypatch):
+    jupytext = pytest.importorskip("jupytext")
+    nbclient = pytest.importorskip("nbclient")
+    nbformat = pytest.importorskip("nbformat")
+    if "uci" in path.stem and not (DATA / "uci").exists():
+        pytest.skip(f"UCI data not found in {DATA} (PYRO_DGP_DATA)")
+    monkeypatch.setenv("PYRO_DGP_NOTEBOOK_SIZE", "small")
+    monkeypatch.setenv("PYRO_DGP_DATA", str(DATA))
+    # the kernel's figures go into the executed notebook (headless, as Agg)
+    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    notebook = jupytext.read(path)
+    client = nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
+                                     resources={"metadata": {"path": str(path.parent)}})
+    start = time.perf_counter()
+    client.execute()
+    elapsed = time.perf_counter() - start
+    out = os.environ.get("PYRO_DGP_NOTEBOOK_OUT")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        nbformat.write(notebook, Path(out) / f"{path.stem}.ipynb")
+    figures = sum(1 for cell in notebook.cells if cell.cell_type == "code"
+                  for o in cell.get("outputs", []) if "image/png" in o.get("data", {}))
+    print(f"{path.stem}: {elapsed:.1f} s, {figures} figures")
+    assert figures >= 1, "the notebook rendered no figure"
+    assert elapsed < LIMIT_S, f"{path.stem} took {elapsed:.0f} s in its small size"
