@@ -101,8 +101,9 @@ def test_chain_represents_the_same_joint_as_coupled(whiten):
     for per_point in (True, False):
         coupled.per_point = chain.per_point = per_point
         pyro.set_rng_seed(0)
-        a = _estimates(Trace_ELBO(), model, chain, X, y, 600)
-        b = _estimates(Trace_ELBO(), model, coupled, X, y, 600)
+        # 300 estimates each: the comparison is in units of their standard error
+        a = _estimates(Trace_ELBO(), model, chain, X, y, 300)
+        b = _estimates(Trace_ELBO(), model, coupled, X, y, 300)
         se = math.sqrt(float(a.var() / len(a) + b.var() / len(b)))
         assert abs(float(a.mean() - b.mean())) < 3 * se
 
@@ -281,8 +282,8 @@ def test_joint_guides_start_at_meanfields_q(Guide, whiten):
     unwhitened layers); after init_from a fitted MeanField, each layer's block marginal is
     MeanField's q and the closed-form KL is the sum of its per-layer KLs."""
     model, X, y = _model(whiten=whiten)
-    mf = dgp.guides.MeanField(model)
     joint = Guide(model)
+    mf = dgp.guides.MeanField(model, inner_variance=joint.inner_variance)  # the same start
     with torch.no_grad():
         mf(X, y)
         joint(X, y)

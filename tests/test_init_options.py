@@ -11,8 +11,8 @@ def test_isotropic_kernels_and_learned_means():
     X = torch.randn(40, 3, dtype=torch.float64)
     y = X[:, 0].sin()
     pyro.clear_param_store()
-    ard = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6)
-    iso = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6, ard=False, train_mean=True)
+    ard = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6, train_mean=False)
+    iso = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6, ard=False)  # learned means
     assert ard.layers[1].kernel.lengthscale.numel() == 3  # ARD over the 3 hidden units
     assert iso.layers[1].kernel.lengthscale.numel() == 1
     names = {n for n, _ in iso.named_parameters()}

@@ -228,7 +228,9 @@ def test_alpha_benchmark_runs_and_names_each_alpha(tmp_path, capsys):
                        "1e-3", "1.0", "--guides", "meanfield", "--alpha-samples", "3",
                        "--out", str(out), "--no-record", "--quiet"]) == 0
     table = capsys.readouterr().out
-    assert "meanfield, alpha=0.001,S=3" in table and "meanfield, alpha=1,S=3" in table
+    # the guide is labelled with its start (the package's defaults) and the objective
+    assert "meanfield (package), alpha=0.001,S=3" in table
+    assert "meanfield (package), alpha=1,S=3" in table
 
 
 @needs_data

@@ -1,0 +1,38 @@
+"""The gold standard for small deep GPs: NUTS on the inducing outputs with the
+hyperparameters held fixed (:mod:`.target`, :mod:`.nuts`), the distances of a guide's
+predictive to its (:mod:`.distance`), and the two-mode toy of Havasi et al. 2018
+(:mod:`.toys`).
+
+>>> model, X, y = gold.two_mode_model()
+>>> reference = gold.run_nuts(model, X, y, num_chains=8)
+>>> gold.compare_to_gold(reference, {"meanfield": guide}, X_grid)["meanfield"].w1
+"""
+
+from .distance import (
+    PredictiveDistance,
+    compare_to_gold,
+    draws_w1,
+    guide_layer_values,
+    mixture_moments,
+    predictive_distance,
+)
+from .nuts import GoldStandard, run_nuts
+from .target import GoldTarget, expected_log_likelihood, fixed_hyperparameters
+from .toys import TWO_MODE_INPUT, mode_masses, two_mode_model
+
+__all__ = [
+    "GoldStandard",
+    "GoldTarget",
+    "PredictiveDistance",
+    "TWO_MODE_INPUT",
+    "compare_to_gold",
+    "draws_w1",
+    "expected_log_likelihood",
+    "fixed_hyperparameters",
+    "guide_layer_values",
+    "mixture_moments",
+    "mode_masses",
+    "predictive_distance",
+    "run_nuts",
+    "two_mode_model",
+]

@@ -1,0 +1,73 @@
+"""The two-mode toy of Havasi et al. 2018 as a deep GP, and how to tell its modes apart.
+
+The seven noise-free points of :func:`~pyro_dgp.datasets.two_mode_toy` (``y = sign(x)`` at
+``x = -1, -2/3, ..., 1``) are fitted by a 2-layer DGP with one-dimensional layers: the first
+layer's 7 inducing inputs sit at the data, the second's 2 at ``-1`` and ``+1`` (Havasi et al.
+2018; Molchanova et al. 2019, §4.1), all fixed. Both layers have zero mean functions and
+stationary (RBF) kernels, and the likelihood's variance is small and fixed (the data are
+noise-free; a variance of exactly 0 has no density).
+
+Why two modes. With zero means, the prior of ``u^1`` is symmetric under ``u^1 -> -u^1``, and
+that of ``u^2`` under the swap of its two values (its inducing inputs ``-1, +1`` are mirror
+images and the kernel is stationary); ``f^2(-h)`` given the swapped ``u^2`` equals ``f^2(h)``
+given ``u^2``. So ``(u^1, u^2) -> (-u^1, swap u^2)`` maps ``q*(U)`` onto itself (in whitened
+coordinates too: ``L^-1 P L`` is orthogonal for the swap ``P``). The data need a first layer
+that separates the negative from the positive inputs: mode A has ``f^1(x) ~ sign(x)`` and an
+increasing ``f^2`` (``f^2(-1) = -1``, ``f^2(+1) = +1``), mode B is its mirror image,
+``f^1(x) ~ -sign(x)`` with a decreasing ``f^2``. Between them ``f^1`` would pass through 0,
+where no second layer fits ``y = +-1``: the two modes have equal mass and are separated.
+
+Deciding the mode of a draw: the sign of ``f^1(x*)`` at ``x* = 1`` (the last training input,
+where ``|f^1| ~ 1`` in both modes), with a dead zone ``|f^1(x*)| < threshold`` counted in
+neither (:func:`mode_masses`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import datasets, kernels
+from ..gp import DeepGP, GPLayer
+from ..likelihoods import Gaussian
+from ..validation import check_positive_finite
+
+__all__ = ["TWO_MODE_INPUT", "mode_masses", "two_mode_model"]
+
+#: the input ``x*`` at which a draw's mode is read: the sign of ``f^1(x*)``
+TWO_MODE_INPUT = 1.0
+
+
+def two_mode_model(noise: float = 1e-2, lengthscales: tuple[float, float] = (0.5, 1.0),
+                   dtype: torch.dtype = torch.float64, device=None):
+    """The module docstring's deep GP and its data.
+
+    :param noise: the likelihood's fixed variance (default ``1e-2``, against targets of
+        ``+-1``).
+    :param lengthscales: the RBF lengthscales of the two layers (variance 1 each): ``0.5``
+        lets ``f^1`` turn between inputs ``1/3`` apart; ``1`` makes ``f^2`` smooth between
+        its inducing inputs ``+-1``.
+    :returns: ``(model, X (7, 1), y (7,))``.
+    """
+    noise = check_positive_finite(noise, "two_mode_model: noise")
+    data = datasets.two_mode_toy(dtype=dtype, device=device)
+    X, y = data.X_train, data.y_train
+
+    def rbf(lengthscale):
+        return kernels.RBF(1, lengthscale=X.new_tensor(lengthscale),
+                           variance=X.new_tensor(1.0))
+
+    first = GPLayer(1, 1, inducing_points=X.clone(), kernel=rbf(lengthscales[0]),
+                    train_inducing=False)
+    second = GPLayer(1, 1, inducing_points=X.new_tensor([[-1.0], [1.0]]),
+                     kernel=rbf(lengthscales[1]), train_inducing=False)
+    model = DeepGP([first, second], Gaussian(X.new_tensor(noise)), num_data=X.shape[0])
+    return model.to(dtype=dtype, device=X.device), X, y
+
+
+def mode_masses(values: torch.Tensor, threshold: float = 0.5) -> tuple[float, float]:
+    """``(mass of mode B, mass of mode A)``: the fractions of the draws ``values`` of
+    ``f^1(x*)`` (any shape) below ``-threshold`` and above ``+threshold``."""
+    threshold = check_positive_finite(threshold, "mode_masses: threshold")
+    values = values.reshape(-1)
+    return (float((values < -threshold).double().mean()),
+            float((values > threshold).double().mean()))
