@@ -23,7 +23,8 @@ Two parts, each recorded in ``benchmarks/results/semi_implicit.jsonl``:
     SSIVI against MeanField on boston and energy, DGP 2, through ``benchmarks/uci.py`` (its
     runs, its protocol apart from the step count; its per-run records go to ``--work-dir``),
     one line per dataset and guide: test log-likelihood and RMSE, mean (standard error) over
-    the splits.
+    the splits; where every split's loss became NaN, the scores at the last finite step
+    (``*_at_divergence``) and the steps reached (``nan_at_steps``).
 
 Run: ``python benchmarks/semi_implicit.py --part toys uci``; ``--help`` for the settings.
 """
@@ -91,7 +92,7 @@ def _toy(name: str, args):
     return model, X, y, grid.unsqueeze(-1)
 
 
-def run_toy(name: str, args, progress: bool = True) -> list[dict]:
+def run_toy(name: str, args, progress: bool = True) -> list[tuple[dict, dict]]:
     """NUTS and every guide of ``args.guides`` on the toy ``name``: one record each, and the
     figure. Returns the records (settings, figures)."""
     model, X, y, grid = _toy(name, args)
@@ -203,7 +204,7 @@ def _plot(name: str, X, y, grid, panels: dict, path: Path) -> Path:
 
 
 # ------------------------------------------------------------------------------------ UCI
-def run_uci(args) -> list[dict]:
+def run_uci(args) -> list[tuple[dict, dict]]:
     """SSIVI and MeanField on ``args.datasets`` (DGP 2, ``args.splits`` splits) through
     ``benchmarks/uci.py``; one record per dataset and guide."""
     import uci
@@ -221,15 +222,24 @@ def run_uci(args) -> list[dict]:
             argv += ["--data-dir", args.data_dir]
         if uci.main(argv) != 0:
             raise RuntimeError(f"benchmarks/uci.py {' '.join(argv)} failed")
-    runs = [r for r in uci.read_records(out) if r.get("status") == "ok"
+    runs = [r for r in uci.read_records(out) if r.get("status") in ("ok", "diverged")
             and r["settings"]["steps"] == args.uci_steps and r["layers"] == 2]
     for (ds, _, label, guide, *_), recs in uci.group_by_configuration(runs).items():
         if ds not in args.datasets or guide not in ("meanfield", "ssivi"):
             continue
-        figures = {"splits": len(recs), "num_splits": recs[0]["data"]["num_splits"]}
+        ok = [r for r in recs if r["status"] == "ok"]
+        diverged = [r for r in recs if r["status"] == "diverged"]
+        figures = {"splits": len(ok), "num_splits": recs[0]["data"]["num_splits"],
+                   "diverged": len(diverged)}
+        # a diverged run is scored at its last finite step (uci.py restores it there)
+        scored, suffix = (ok, "") if ok else (diverged, "_at_divergence")
         for key in ("test_loglik", "rmse"):
-            figures[key], figures[f"{key}_se"] = uci.mean_se([r["metrics"][key] for r in recs])
-        figures["s_per_step"] = sum(r["seconds_per_step"] for r in recs) / len(recs)
+            mean, se = uci.mean_se([r["metrics"][key] for r in scored])
+            figures[key + suffix], figures[f"{key}{suffix}_se"] = mean, se
+        if diverged:
+            figures["nan_at_steps"] = ",".join(str(r["steps_done"]) for r in diverged)
+        else:
+            figures["s_per_step"] = sum(r["seconds_per_step"] for r in ok) / len(ok)
         settings = {"toy": None, "dataset": ds, "model": label, "guide": guide,
                     "steps": args.uci_steps, "lr": recs[0]["settings"]["lr"],
                     "device": str(args.device)}
