@@ -24,13 +24,9 @@ __all__ = ["plot_diagnostics", "plot_hyperparameters", "plot_layer_paths", "plot
 
 
 def _plt():
-    import matplotlib
-
-    if matplotlib.get_backend().lower() not in ("agg", "pdf", "svg", "cairo", "ps"):
-        try:
-            matplotlib.use("Agg", force=False)
-        except Exception:  # pragma: no cover - backend already fixed by the user
-            pass
+    """pyplot, on the user's backend: a library does not switch it (a notebook's inline
+    backend must stay). Without a display matplotlib itself falls back to a headless backend;
+    the command line, which only writes files, selects Agg itself."""
     import matplotlib.pyplot as plt
 
     return plt
