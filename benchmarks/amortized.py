@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ import pyro
 import results
 import torch
 from tqdm.auto import tqdm
+from uci import append_record, read_records
 
 from pyro_dgp import datasets
 from pyro_dgp.gp.architectures import LN2, default_dtype, kmeans, pca_mean
@@ -211,26 +211,6 @@ def speed_one(args, N: int) -> dict:
 
 
 # ---------------------------------------------------------------------------- bookkeeping
-def _read(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut short by a kill: that run reruns
-            continue
-    return out
-
-
-def _append(path: Path, rec: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        fh.write(json.dumps(rec) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
 def _key(rec: dict) -> tuple:
     s = rec["settings"]
     return (rec["dataset"], rec["method"], rec["split"],
@@ -272,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
     if not args.speed_only:
-        done = {_key(r) for r in _read(out)}
+        done = {_key(r) for r in read_records(out)}
         plan = [(d, m, k) for d in args.datasets for m in args.methods for k in args.splits]
         for name, method, split in tqdm(plan, desc="runs", unit="run"):
             probe = {"dataset": name, "method": method, "split": split,
@@ -280,13 +260,13 @@ def main(argv: list[str] | None = None) -> int:
             if _key(probe) in done:
                 continue
             rec = run_one(args, name, method, split)
-            _append(out, rec)
+            append_record(out, rec)
             tqdm.write(f"{name} {method} split {split}: NLL {rec['nll']:.3f}, RMSE "
                        f"{rec['rmse']:.3f}, CRPS {rec['crps']:.3f}, "
                        f"{rec['s_per_epoch']:.2f} s/epoch", file=sys.stderr)
         wanted = {_key({"dataset": d, "method": m, "split": k, "settings": _settings(args)})
                   for d, m, k in plan}
-        runs = [r for r in _read(out) if _key(r) in wanted]
+        runs = [r for r in read_records(out) if _key(r) in wanted]
         if runs and not args.no_record:
             record_summary(args, runs)
     for N in args.speed_sizes:

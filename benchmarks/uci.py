@@ -56,9 +56,11 @@ __all__ = [
     "PUBLISHED_LOGLIK",
     "PUBLISHED_RMSE",
     "SHORT_NAMES",
+    "append_record",
     "build_parser",
     "main",
     "model_label",
+    "read_records",
     "run_in_processes",
     "split_indices",
     "summarize",
@@ -294,7 +296,7 @@ def read_records(path: Path) -> list[dict]:
     return records
 
 
-def _append_record(path: Path, rec: dict) -> None:
+def append_record(path: Path, rec: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a+b") as fh:
         # a line cut short by a kill is ended first, so that it does not swallow this one
@@ -649,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
                 args, ds, k, layers, ckpt_dir)
             if rec is None:
                 continue
-            _append_record(Path(args.snapshot), rec)
+            append_record(Path(args.snapshot), rec)
             records.append(rec)
             m = rec["metrics"]
             print(f"{ds} {rec['model']} split {k} at step {rec['steps_done']} of "
@@ -686,10 +688,10 @@ def main(argv: list[str] | None = None) -> int:
                        "objective": objective_label(args), "split": k, "status": "failed",
                        "error": f"{type(err).__name__}: {err}", "settings": settings,
                        "finished": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
-                _append_record(out, rec)
+                append_record(out, rec)
                 tqdm.write(f"{ds} L={layers} split {k} FAILED: {rec['error']}", file=sys.stderr)
                 continue
-            _append_record(out, rec)
+            append_record(out, rec)
             ckpt.unlink(missing_ok=True)
             m = rec["metrics"]
             tqdm.write(f"{ds} {rec['model']} split {k}: test log-lik {m['test_loglik']:.3f}, "

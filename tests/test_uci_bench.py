@@ -173,10 +173,10 @@ def test_a_record_after_a_line_cut_short_is_kept(tmp_path):
     """A kill mid-write leaves an unfinished line: the next record starts on its own line,
     so only the cut run is lost (and rerun)."""
     out = tmp_path / "r.jsonl"
-    uci._append_record(out, {"split": 0})
+    uci.append_record(out, {"split": 0})
     with out.open("a") as fh:
         fh.write('{"split": 1, "metr')  # killed here
-    uci._append_record(out, {"split": 2})
+    uci.append_record(out, {"split": 2})
     assert [r["split"] for r in uci.read_records(out)] == [0, 2]
 
 
