@@ -29,13 +29,12 @@ Havasi et al. 2018 and Ustyuzhaninov et al. 2020 have one-dimensional inner laye
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator, Mapping
 
-import numpy as np
 import torch
 
 from ..gp import DeepGP
+from ..likelihoods import standard_normal_rule
 from ..validation import check_inputs, check_positive_int, check_targets
 
 __all__ = ["MAX_PATHS", "GoldTarget", "check_gold_model", "expected_log_likelihood",
@@ -83,10 +82,7 @@ def fixed_hyperparameters(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
 def _hermite_grid(dim: int, num_points: int, like: torch.Tensor):
     """Tensor-product Gauss-Hermite rule for ``E g(z)``, ``z ~ N(0, I_dim)``: nodes
     ``(num_points^dim, dim)`` and log-weights ``(num_points^dim,)``."""
-    x, w = np.polynomial.hermite.hermgauss(num_points)
-    nodes = torch.as_tensor(x * math.sqrt(2.0), dtype=like.dtype, device=like.device)
-    log_w = torch.as_tensor(np.log(w / math.sqrt(math.pi)), dtype=like.dtype,
-                            device=like.device)
+    nodes, log_w = standard_normal_rule(num_points, like.dtype, like.device)
     grids = torch.meshgrid(*([nodes] * dim), indexing="ij")
     log_ws = torch.meshgrid(*([log_w] * dim), indexing="ij")
     return (torch.stack([g.reshape(-1) for g in grids], -1),

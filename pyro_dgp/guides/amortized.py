@@ -40,7 +40,6 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import numpy as np
 import pyro.distributions as dist
 import torch
 from pyro.infer.autoguide.utils import deep_setattr
@@ -338,9 +337,3 @@ def weighted_paths(guide) -> contextlib.AbstractContextManager:
     that yields ``None`` (i.i.d. draws, uniform weights)."""
     method = getattr(guide, "weighted_paths", None)
     return method() if method is not None else contextlib.nullcontext(None)
-
-
-def gauss_hermite_rule(S: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(nodes, weights)`` of the ``S``-point Gauss-Hermite rule for ``E_{N(0, 1)}``."""
-    x, w = np.polynomial.hermite.hermgauss(S)
-    return x * math.sqrt(2.0), w / math.sqrt(math.pi)

@@ -34,11 +34,13 @@ from pyro.nn import PyroModule
 from ..validation import check_positive_int, check_targets, unique_name
 from .marginal import importance_weighting, source_of
 
-__all__ = ["AnalyticObservation", "Likelihood", "gauss_hermite"]
+__all__ = ["AnalyticObservation", "Likelihood", "gauss_hermite", "standard_normal_rule"]
 
 
 @functools.lru_cache(maxsize=32)
-def _hermgauss(n: int, dtype: torch.dtype, device: torch.device):
+def standard_normal_rule(n: int, dtype: torch.dtype, device: torch.device):
+    """The ``n``-point Gauss-Hermite rule for ``E_{N(0, 1)}``: nodes ``(n,)`` and log-weights
+    ``(n,)``, ``E g(z) ~= sum_k exp(log_w_k) g(z_k)`` (numpy's rule for ``exp(-x^2)``, rescaled)."""
     x, w = np.polynomial.hermite.hermgauss(n)
     nodes = torch.as_tensor(x * math.sqrt(2.0), dtype=dtype, device=device)
     log_w = torch.as_tensor(np.log(w / math.sqrt(math.pi)), dtype=dtype, device=device)
@@ -51,7 +53,7 @@ def gauss_hermite(loc: torch.Tensor, var: torch.Tensor, num_points: int = 20):
     :returns: ``(f, log_w)``: ``f`` of shape ``(num_points, *loc.shape)`` and ``log_w`` of shape
         ``(num_points, 1, ..., 1)``; ``E[g(f)] ~= sum_k exp(log_w_k) g(f_k)``.
     """
-    nodes, log_w = _hermgauss(num_points, loc.dtype, loc.device)
+    nodes, log_w = standard_normal_rule(num_points, loc.dtype, loc.device)
     view = (-1,) + (1,) * loc.dim()
     f = loc + var.clamp_min(0).sqrt() * nodes.view(view)
     return f, log_w.view(view)
