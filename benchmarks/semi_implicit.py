@@ -217,7 +217,7 @@ def run_uci(args) -> list[tuple[dict, dict]]:
         argv = ["--datasets", *args.datasets, "--layers", "2", "--guide", guide,
                 "--splits", str(args.splits), "--steps", str(args.uci_steps),
                 "--device", str(args.device), "--out", str(out), "--no-record", "--quiet",
-                "--seed", str(args.seed)]
+                "--seed", str(args.seed), "--jobs", str(args.jobs)]
         if args.data_dir:
             argv += ["--data-dir", args.data_dir]
         if uci.main(argv) != 0:
@@ -283,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--work-dir", default=str(ROOT / "runs" / "semi_implicit"),
                    help="per-run UCI records and checkpoints (resumable)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--jobs", type=int, default=1,
+                   help="UCI runs at a time, each in its own process (benchmarks/uci.py)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-figures", dest="figures", action="store_false",
                    help="write no figure under docs/")

@@ -164,9 +164,10 @@ def test_sivi_is_looser_than_ssivi_on_a_deep_gp():
     model = dgp.DeepGP.regression(X, y, num_layers=3, num_inducing=5)
     guide = dgp.guides.SemiImplicit(model, num_mixing=10, noise_dim=2, hidden=(16,))
     torch.manual_seed(0)
-    with torch.no_grad():  # mixing that matters: random output weights
+    with torch.no_grad():  # mixing that matters: random output weights, N(0, 0.5^2) in effect
         for name in guide.layer_names:
-            guide.mixing_network(name).body[-1].weight.normal_(0.0, 0.5)
+            out = guide.mixing_network(name).body[-1]
+            out.weight.normal_(0.0, 0.5 * out.in_features)
     S = 2000
     ssivi = _surrogate_log_q(guide, X, S, seed=1)
     guide.structured = False
@@ -255,3 +256,49 @@ def test_no_gaussian_q_and_no_tractable_log_q():
         dgp.variational_pareto_k(model, guide, X, y, num_samples=8)
     with pytest.raises(ValueError, match="importance weight"):
         dgp.fit(model, guide, X, y, num_steps=1, objective="renyi", progress=False)
+
+
+# ----------------------------------------------------------------- training under Adam
+def test_fan_in_linear_moves_each_output_by_lr_in_one_adam_step():
+    # Adam's first step moves every parameter by lr * g / (|g| + eps), i.e. by lr in the
+    # gradient's sign; for d(sum of outputs)/dW_ij = x_j / n_in it moves each output by
+    # lr (mean |x| + 1) exactly (weights and bias), where a plain Linear moves it by
+    # lr (sum |x| + 1)
+    from pyro_dgp.guides.mixing import FanInLinear
+    torch.manual_seed(0)
+    n_in, lr = 1000, 0.01
+    x = torch.randn(n_in, dtype=DT)
+    for layer, reach in ((FanInLinear(n_in, 3, dtype=DT), x.abs().mean()),
+                         (torch.nn.Linear(n_in, 3, dtype=DT), x.abs().sum())):
+        before = layer(x).detach()
+        opt = torch.optim.Adam(layer.parameters(), lr=lr, eps=1e-12)
+        (-layer(x).sum()).backward()
+        opt.step()
+        moved = layer(x).detach() - before
+        assert torch.allclose(moved, lr * (reach + 1) * torch.ones(3, dtype=DT), rtol=1e-6)
+
+
+def test_fan_in_linear_starts_at_torch_linear_function():
+    from pyro_dgp.guides.mixing import FanInLinear
+    torch.manual_seed(3)
+    fan_in = FanInLinear(50, 4, dtype=DT)
+    torch.manual_seed(3)
+    plain = torch.nn.Linear(50, 4, dtype=DT)
+    x = torch.randn(7, 50, dtype=DT)
+    assert torch.allclose(fan_in(x), plain(x), atol=1e-12)
+
+
+def test_ssivi_trains_stably_on_a_uci_sized_problem():
+    # boston's shape (455 points, 13 inputs, M = 100) at the Gaussian guides' lr 0.01 and the
+    # paper's networks: with plain Linear layers the mixing scales left the prior's range
+    # within 25 steps and the loss was NaN by step 90 on boston
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(455, 13, generator=g, dtype=DT)
+    y = torch.sin(X[:, :3].sum(-1)) + 0.1 * torch.randn(455, generator=g, dtype=DT)
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=100, seed=0)
+    guide = dgp.guides.SemiImplicit(model)
+    res = dgp.fit(model, guide, X, y, num_steps=150, lr=0.01, seed=0, progress=False,
+                  final_elbo_particles=0)
+    losses = torch.tensor(res.losses)
+    assert torch.isfinite(losses).all()
+    assert losses[-10:].mean() < 0.5 * losses[:10].mean(), (losses[:10], losses[-10:])

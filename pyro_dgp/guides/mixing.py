@@ -36,17 +36,42 @@ from pyro.distributions import constraints
 from pyro.nn import PyroModule
 from pyro.nn.module import to_pyro_module_
 
-__all__ = ["MixingNetwork", "SemiImplicitNormal", "surrogate_log_prob"]
+__all__ = ["FanInLinear", "MixingNetwork", "SemiImplicitNormal", "surrogate_log_prob"]
 
 
 def _inverse_softplus(x: torch.Tensor) -> torch.Tensor:
     return x + torch.log(-torch.expm1(-x))
 
 
+class FanInLinear(torch.nn.Linear):
+    """``x (..., n_in) -> x W^T / n_in + b (..., n_out)``: ``torch.nn.Linear`` with its weight
+    stored ``n_in`` times larger (PyTorch's initial function is unchanged).
+
+    Why: Adam moves every parameter by about ``lr`` per step whatever its gradient's scale,
+    so a plain linear layer summing ``n_in`` inputs can move each output by ``n_in * lr`` in
+    one step, and a network of such layers compounds it. The mixing networks of a deep GP's
+    semi-implicit guide have ``n_in`` in the hundreds or thousands (``vec u`` of a layer) and
+    trained that way at the learning rates of the Gaussian guides, their scales left the
+    prior's range within 25 steps and the loss became NaN. Dividing by the fan-in makes
+    every output move by about ``lr`` per step, as the Gaussian guides' own parameters do
+    (the mean-field parameterisation; Yang and Hu 2021 derive the Adam learning rates
+    ``~ 1 / n_in`` it is equivalent to). torch has no such layer.
+    """
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        with torch.no_grad():
+            self.weight.mul_(self.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.weight / self.in_features, self.bias)
+
+
 class MixingNetwork(PyroModule):
     """``(eps (..., noise_dim), c (..., cond_dim)) -> (loc, scale)``, each ``(..., D, M)``:
     a multilayer perceptron (LeakyReLU(0.2)) of the concatenation ``[eps; c]`` with two heads,
-    the mean and the softplus of the scale.
+    the mean and the softplus of the scale. Its layers are :class:`FanInLinear`: under Adam
+    each output moves by about ``lr`` per step, as a Gaussian guide's parameters do.
 
     The output layer starts at zero weight and at the biases ``init_loc`` and
     ``init_scale``: at the start the conditional is the Gaussian
@@ -69,13 +94,13 @@ class MixingNetwork(PyroModule):
         like = {"dtype": init_loc.dtype, "device": init_loc.device}
         # the first layer on [eps; c] split in two, so W_c c is computed once for all K + 1
         # draws of eps that share c
-        self.noise_in = torch.nn.Linear(noise_dim, hidden[0], **like)
-        self.cond_in = torch.nn.Linear(cond_dim, hidden[0], bias=False, **like) if cond_dim \
+        self.noise_in = FanInLinear(noise_dim, hidden[0], **like)
+        self.cond_in = FanInLinear(cond_dim, hidden[0], bias=False, **like) if cond_dim \
             else None
         body: list[torch.nn.Module] = [torch.nn.LeakyReLU(0.2)]
         for a, b in zip(hidden[:-1], hidden[1:], strict=True):
-            body += [torch.nn.Linear(a, b, **like), torch.nn.LeakyReLU(0.2)]
-        body.append(torch.nn.Linear(hidden[-1], 2 * n, **like))
+            body += [FanInLinear(a, b, **like), torch.nn.LeakyReLU(0.2)]
+        body.append(FanInLinear(hidden[-1], 2 * n, **like))
         self.body = torch.nn.Sequential(*body)
         with torch.no_grad():
             self.body[-1].weight.zero_()
