@@ -196,6 +196,22 @@ def test_summary_counts_each_split_once():
     assert "| 2/20 |" in row and "-2.50(0.50)" in row and "diverged" not in row
 
 
+def test_runs_with_other_draws_per_step_are_summarised_apart():
+    def rec(split, particles):
+        settings = {"steps": 5, "batch_size_used": 455, "inducing_used": 100, "samples": 100}
+        if particles is not None:
+            settings["particles"] = particles
+        return {"dataset": "boston", "layers": 2, "model": "DGP 2", "guide": "meanfield",
+                "objective": "auto", "split": split, "status": "ok", "settings": settings,
+                "metrics": {"test_loglik": -2.0, "rmse": 3.0, "crps": 1.5, "coverage95": 0.9},
+                "seconds_per_step": 0.1, "data": {"num_splits": 20}}
+
+    groups = uci.group_by_configuration([rec(0, None), rec(0, 10), rec(1, 1)])
+    assert sorted(len(v) for v in groups.values()) == [1, 2]  # no key: 1 draw
+    rows = uci.summarize([rec(0, None), rec(0, 10)]).splitlines()[2:]
+    assert len(rows) == 2 and sum("10 draws/step" in r for r in rows) == 1
+
+
 @needs_data
 def test_exact_gp_control_runs_and_appends_its_table(tmp_path, capsys):
     """benchmarks/exact_gp.py (the exact-GP control of a split) on a tiny setting."""
