@@ -34,7 +34,7 @@ import pyro
 import results
 import torch
 from tqdm.auto import tqdm
-from uci import append_record, read_records
+from uci import append_record, mean_se, read_records
 
 from pyro_dgp import datasets
 from pyro_dgp.gp.architectures import LN2, default_dtype, kmeans, pca_mean
@@ -93,8 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ----------------------------------------------------------------------------------- models
 def dsdgp_model(X: torch.Tensor, y: torch.Tensor, widths, Ms, seed: int) -> DeepGP:
-    """DS-DGP as Meng and Zhang 2024 ran it: k-means inducing inputs propagated through learned
-    linear means (identity/PCA start), isotropic Matern-5/2, zero mean in the last layer."""
+    """DS-DGP as Meng and Zhang 2024 ran it: learned linear means of the inner layers
+    (identity/PCA start), each layer's inducing inputs k-means of its input (the data carried
+    through the means' starts), isotropic Matern-5/2, zero mean in the last layer."""
     dims = [X.shape[-1], *widths, 1]
     H, layers = X.detach(), []
     with default_dtype(X.dtype):
@@ -215,14 +216,6 @@ def _key(rec: dict) -> tuple:
     s = rec["settings"]
     return (rec["dataset"], rec["method"], rec["split"],
             *(json.dumps(s.get(k)) for k in _RUN_KEYS))
-
-
-def mean_se(values: list[float]) -> tuple[float, float | None]:
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, None
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
 def record_summary(args, runs: list[dict]) -> None:

@@ -32,7 +32,6 @@ Run: ``python benchmarks/semi_implicit.py --part toys uci``; ``--help`` for the 
 from __future__ import annotations
 
 import argparse
-import functools
 import math
 import sys
 import time
@@ -44,7 +43,7 @@ import torch
 from tqdm.auto import tqdm
 
 from pyro_dgp import gold
-from pyro_dgp.guides import Chain, Coupled, MeanField, SemiImplicit
+from pyro_dgp.guides.registry import make_guide
 from pyro_dgp.infer.training import TrainingDivergedError, fit
 from pyro_dgp.prediction import predict
 
@@ -53,15 +52,9 @@ __all__ = ["GUIDES", "build_parser", "main", "run_toy"]
 ROOT = Path(__file__).resolve().parents[1]
 DT = torch.float64
 
-#: guide name -> constructor on a model (the semi-implicit ones at the paper's settings:
-#: K = 100, 100-dimensional noise, three hidden layers of 100)
-GUIDES = {
-    "meanfield": MeanField,
-    "coupled": Coupled,
-    "chain": Chain,
-    "sivi": functools.partial(SemiImplicit, structured=False, num_mixing=100),
-    "ssivi": functools.partial(SemiImplicit, structured=True, num_mixing=100),
-}
+#: the guides compared, by registry name (``pyro_dgp.guides.registry``; the semi-implicit
+#: ones at the paper's settings: K = 100, 100-dimensional noise, three hidden layers of 100)
+GUIDES = ("meanfield", "coupled", "chain", "sivi", "ssivi")
 
 
 # ----------------------------------------------------------------------------------- toys
@@ -117,13 +110,12 @@ def run_toy(name: str, args, progress: bool = True) -> list[tuple[dict, dict]]:
                  "warmup": args.nuts_warmup, "samples": args.nuts_samples}, figures)]
     for guide_name in tqdm(args.guides, desc=f"{name}: guides", disable=not progress):
         pyro.set_rng_seed(args.seed)
-        guide = GUIDES[guide_name](model)
-        objective = "elbo" if isinstance(guide, SemiImplicit) else "auto"
+        guide = make_guide(guide_name, model)
         status = "ok"
         with gold.fixed_hyperparameters(model):
             try:
                 result = fit(model, guide, X, y, num_steps=args.steps, lr=args.lr,
-                             objective=objective, seed=args.seed, progress=progress,
+                             seed=args.seed, progress=progress,
                              final_elbo_particles=args.elbo_particles)
                 elbo, elbo_se = result.final_elbo, result.final_elbo_stderr
                 s_per_step = result.seconds / args.steps
@@ -255,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--part", nargs="+", choices=["toys", "uci"], default=["toys", "uci"])
     p.add_argument("--toys", nargs="+", choices=["two_mode", "compositional"],
                    default=["two_mode", "compositional"])
-    p.add_argument("--guides", nargs="+", choices=list(GUIDES), default=list(GUIDES))
+    p.add_argument("--guides", nargs="+", choices=GUIDES, default=list(GUIDES))
     p.add_argument("--steps", type=int, default=3000, help="Adam steps per guide (toys)")
     p.add_argument("--lr", type=float, default=5e-3, help="Adam learning rate (toys)")
     p.add_argument("--samples", type=int, default=500, help="guide draws of the predictive")

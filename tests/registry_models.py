@@ -1,11 +1,11 @@
-"""The model and objective each registry guide fits, for the registry-wide tests.
+"""The model each registry guide fits, for the registry-wide tests.
 
 Every guide of ``pyro_dgp.guides.registry`` but the amortized ones fits a model of
 ``GPLayer``s (global inducing outputs), built by ``DeepGP.regression``; the amortized guides
 (``LOCAL_INDUCING_GUIDES``) fit only a model of ``AmortizedGPLayer``s (one ``u`` per data
 point, Meng and Zhang 2024), built by ``avdgp_regression`` with the same depth, widths and
 ``M``, and train with their own objective over the ``S`` weighted paths (``AmortizedELBO``,
-which is what ``pyro-dgp fit`` uses for them).
+what ``fit``'s ``objective="auto"`` gives them).
 """
 
 import pyro_dgp as dgp
@@ -23,7 +23,3 @@ def model_for(name, X, y, num_layers=2, num_inducing=5, hidden_dim=None, likelih
     return dgp.DeepGP.regression(X, y, num_layers=num_layers, num_inducing=num_inducing,
                                  hidden_dim=hidden_dim, likelihood=likelihood, **kwargs)
 
-
-def objective_for(name):
-    """The objective ``fit`` trains guide ``name`` with: ``"auto"``, or ``AmortizedELBO``."""
-    return dgp.AmortizedELBO() if name in LOCAL_INDUCING_GUIDES else "auto"

@@ -142,8 +142,7 @@ def test_two_processes_give_one_process_gradient_loss_and_20_steps(runs, family)
                           atol=1e-9)
     for part in ("model", "guide"):  # 20 SGD steps (distributed_worker.RecordingSGD: why)
         assert _close(got[part].values(), ref[part].values())
-    if family != "Amortized":  # fit's final ELBO of an amortized guide draws its paths
-        assert got["final_elbo"] == pytest.approx(ref["final_elbo"], rel=1e-10)
+    assert got["final_elbo"] == pytest.approx(ref["final_elbo"], rel=1e-10)
 
 
 def test_two_layer_gradient_is_the_sum_of_the_parts_and_processes_stay_identical(runs):
@@ -204,9 +203,9 @@ def test_a_global_batch_splits_into_contiguous_parts_whose_shares_add_to_one():
     assert sum(p.share for p in parts) == pytest.approx(1.0, abs=1e-15)
 
 
-def test_step_seeds_differ_by_step_and_process_and_repeat():
+def test_step_seeds_differ_by_step_and_process():
     seeds = {step_seed(0, t, r) for t in range(50) for r in range(4)}
-    assert len(seeds) == 200 and step_seed(5, 3, 1) == step_seed(5, 3, 1)
+    assert len(seeds) == 200
 
 
 def test_distributed_without_a_launcher_says_how_to_launch(monkeypatch):

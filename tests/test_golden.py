@@ -49,9 +49,7 @@ def _numbers(variant: str, guide_name: str) -> dict:
         model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=8, inducing=variant,
                                       seed=0)
     guide = make_guide(guide_name, model)
-    objective = dgp.AmortizedELBO() if amortized else "auto"
-    result = dgp.fit(model, guide, X, y, num_steps=50, lr=0.02, seed=0, progress=False,
-                     objective=objective)
+    result = dgp.fit(model, guide, X, y, num_steps=50, lr=0.02, seed=0, progress=False)
     pred = dgp.predict(model, guide, data.X_test, num_samples=20, seed=3)
     summary = dgp.layer_summary(model, guide, X, num_samples=20, seed=4)
     out = {

@@ -81,13 +81,13 @@ def _components(S=4, N=6, seed=0):
     return loc, var, y
 
 
-def _tiled(loc, var, y, copies):
+def tiled(loc, var, y, copies):
     """Each point repeated ``copies`` times: the copies' estimates are independent replicas
     (draws are independent across points), whose spread gives the standard error."""
     return loc.repeat(1, copies), var.repeat(1, copies), y.repeat(copies)
 
 
-def _replica_check(estimate, exact, copies, power_check=None):
+def replica_check(estimate, exact, copies, power_check=None):
     """Mean of the ``copies`` replicas of each point within Z standard errors of ``exact``."""
     reps = estimate.reshape(copies, -1)
     se = reps.std(0) / math.sqrt(copies)
@@ -174,13 +174,13 @@ def test_sample_crps_is_unbiased_against_the_closed_form(mc_samples, copies):
     draws (2 per component) the naive estimator, all m^2 pairs averaged, is biased by about
     E|Y - Y'| / (2 m): the check must catch it."""
     loc, var, y = _components(S=3, N=5)
-    loc, var, y = _tiled(loc, var, y, copies)
+    loc, var, y = tiled(loc, var, y, copies)
     pred = MixturePredictive(loc, var, ProtocolGaussian(0.2), mc_samples=mc_samples)
     exact = gaussian_mixture_crps(y[:5], loc[:, :5], var[:, :5] + 0.2)
     closed = MixturePredictive(loc, var, Gaussian(0.2)).crps(y)
     torch.testing.assert_close(closed[:5], exact, rtol=1e-14, atol=0)
     estimate = pred.crps(y)
-    se = _replica_check(estimate, exact, copies)
+    se = replica_check(estimate, exact, copies)
     if mc_samples == 6:
         with seeded(1, loc.device):
             draws = pred.likelihood.predictive_sample(loc, var, 2).reshape(6, -1)  # (m, N)
@@ -216,11 +216,11 @@ def test_sampled_cdf_quantiles_and_coverage_match_the_closed_forms():
 
 def test_moments_from_draws_where_the_conditional_has_none():
     loc, var, y = _components(S=5, N=3)
-    loc, var, y = _tiled(loc, var, y, 400)
+    loc, var, y = tiled(loc, var, y, 400)
     own = MixturePredictive(loc, var, BareGaussian(0.3), 2.0, 3.0, mc_samples=50)
     ref = MixturePredictive(loc, var, Gaussian(0.3), 2.0, 3.0)
-    _replica_check(own.mean, ref.mean[:3], 400)
-    _replica_check(own.variance, ref.variance[:3], 400)
+    replica_check(own.mean, ref.mean[:3], 400)
+    replica_check(own.variance, ref.variance[:3], 400)
 
 
 # ------------------------------------------------------------------ other likelihoods
@@ -239,8 +239,8 @@ def test_binary_closed_forms_agree_with_the_sampled_estimates():
     # the same Bernoulli predictives through the generic draws, in independent replicas
     copies = 500
     with seeded(1, loc.device):
-        draws = BernoulliProbit().predictive_sample(*_tiled(loc, var, y, copies)[:2], 250)
-    _replica_check(sample_crps(y.repeat(copies), draws), (p - y) ** 2, copies)
+        draws = BernoulliProbit().predictive_sample(*tiled(loc, var, y, copies)[:2], 250)
+    replica_check(sample_crps(y.repeat(copies), draws), (p - y) ** 2, copies)
 
 
 def test_student_t_crps_from_draws_against_quadrature():
@@ -258,7 +258,7 @@ def test_student_t_crps_from_draws_against_quadrature():
         above, _ = integrate.quad(lambda x, mu=mu: stats.t.sf(x, df, mu, scale) ** 2,
                                   obs, np.inf)
         exact.append(below + above)
-    _replica_check(pred.crps(y.repeat(copies)), torch.tensor(exact), copies)
+    replica_check(pred.crps(y.repeat(copies)), torch.tensor(exact), copies)
 
 
 # ------------------------------------------------------------------ fit, predict, seeds

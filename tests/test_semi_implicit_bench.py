@@ -3,6 +3,7 @@ distances, the ELBO and the mode masses, appended to the results."""
 
 import math
 
+import pytest
 import results
 import semi_implicit as bench
 import torch
@@ -17,7 +18,7 @@ def test_toy_part_records_nuts_and_each_guide():
     recs = results.read("semi_implicit")[-3:]
     assert [r["settings"]["guide"] for r in recs] == ["nuts", "meanfield", "ssivi"]
     nuts, *guides = recs
-    assert nuts["settings"]["chains"] == 1 and nuts["figures"]["divergences"] >= 0
+    assert nuts["settings"]["chains"] == 1 and "divergences" in nuts["figures"]
     for rec in guides:
         f = rec["figures"]
         assert rec["settings"]["toy"] == "two_mode" and rec["settings"]["steps"] == 3
@@ -27,8 +28,7 @@ def test_toy_part_records_nuts_and_each_guide():
         assert rec["command"].startswith("python ")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_without_a_device_is_refused(capsys):
-    if torch.cuda.is_available():
-        return
     assert bench.main(["--part", "toys", "--device", "cuda"]) == 2
     assert "CUDA" in capsys.readouterr().err

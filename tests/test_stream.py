@@ -234,7 +234,26 @@ def test_predictions_by_chunk_equal_one_prediction_and_report_in_original_units(
         assert report[name] == pytest.approx(value, rel=1e-10, abs=1e-12), name
     tensor_chunks = list(predict_chunks(model, guide, X[:50], num_samples=4, chunk_rows=20))
     assert tensor_chunks[0][1] is None and len(tensor_chunks) == 3
-    assert step_seed(0, 1, 0) != step_seed(0, 2, 0)
+
+
+def test_each_chunk_draws_from_its_own_seed():
+    # two layers: the inner layer's draws make each prediction depend on its seed
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(60, 2, generator=g, dtype=torch.float64)
+    y = X.sin().sum(-1)
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=8, seed=0)
+    guide = dgp.guides.MeanField(model, inner_variance=1.0)
+    dgp.fit(model, guide, X, y, num_steps=3, progress=False, final_elbo_particles=0)
+    first, again = (list(predict_chunks(model, guide, X, num_samples=4, chunk_rows=20,
+                                        seed=7)) for _ in range(2))
+    for (a, _), (b, _) in zip(first, again, strict=True):
+        assert torch.equal(a.loc, b.loc)  # reproducible
+    for c, (pred, _) in enumerate(first):  # chunk c from (seed, c)
+        own = dgp.predict(model, guide, X[20 * c:20 * (c + 1)], 4, batch_size=20,
+                          seed=step_seed(7, c, 0))
+        assert torch.equal(pred.loc, own.loc)
+    other = dgp.predict(model, guide, X[20:40], 4, batch_size=20, seed=step_seed(7, 0, 0))
+    assert not torch.equal(first[1][0].loc, other.loc)  # the seed matters
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="reads /proc (Linux)")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from scipy import integrate, optimize, stats
-from test_likelihood_protocol import BareGaussian, ProtocolGaussian, _replica_check, _tiled
+from test_likelihood_protocol import BareGaussian, ProtocolGaussian, replica_check, tiled
 
 from pyro_dgp.likelihoods import Gaussian
 from pyro_dgp.prediction import MixturePredictive, gaussian_mixture_crps
@@ -121,17 +121,17 @@ def test_weighted_estimates_from_draws_are_unbiased():
     within-component ``K / (K - 1)``, would be a bias of several standard errors."""
     loc, var, weights, y = _two_components()
     copies = 2000
-    loc, var, y = _tiled(loc, var, y, copies)
+    loc, var, y = tiled(loc, var, y, copies)
     weights = weights.repeat(1, copies)
     ref = MixturePredictive(loc[:, :3], var[:, :3], Gaussian(NOISE), weights=weights[:, :3])
     own = MixturePredictive(loc, var, ProtocolGaussian(NOISE), mc_samples=6, weights=weights)
     assert own.draws_per_component == 3
-    _replica_check(own.crps(y), ref.crps(y[:3]), copies)
+    replica_check(own.crps(y), ref.crps(y[:3]), copies)
     at = y + 0.4
-    _replica_check(own.cdf(at), ref.cdf(at[:3]), copies)
+    replica_check(own.cdf(at), ref.cdf(at[:3]), copies)
     bare = MixturePredictive(loc, var, BareGaussian(NOISE), mc_samples=6, weights=weights)
-    _replica_check(bare.mean, ref.mean, copies)
-    _replica_check(bare.variance, ref.variance, copies)
+    replica_check(bare.mean, ref.mean, copies)
+    replica_check(bare.variance, ref.variance, copies)
     # the weighted quantile is the smallest draw whose cumulative weight reaches q
     q = torch.tensor([0.2, 0.7], dtype=DT)
     Q = own.quantiles(q)

@@ -71,9 +71,15 @@ def predictive_distance(reference: MixturePredictive, other: MixturePredictive,
         components).
     :param num_draws: draws per point for ``w1``, the same standard normals for both sides.
     :param seed: seed of those draws (the global random state is left as it was).
-    :raises ValueError: the two are at different numbers of points.
+    :raises ValueError: the two are at different numbers of points, or one is a weighted
+        mixture (AR2P/AR2PP's), whose components these moments and draws would weigh
+        equally.
     """
     J = check_positive_int(num_draws, "num_draws")
+    if reference.weights is not None or other.weights is not None:
+        raise ValueError("predictive_distance takes mixtures of equally weighted components; "
+                         "a weighted mixture (an AR2P/AR2PP guide's predictive) is not "
+                         "supported")
     N = reference.loc.shape[-1]
     if other.loc.shape[-1] != N:
         raise ValueError(f"the predictives are at different numbers of points: {N} and "

@@ -34,6 +34,7 @@ from collections.abc import Iterator, Mapping
 import torch
 
 from ..gp import DeepGP
+from ..gp.layer import random_hyperparameters
 from ..likelihoods import standard_normal_rule
 from ..validation import check_inputs, check_positive_int, check_targets
 
@@ -56,7 +57,7 @@ def check_gold_model(model) -> None:
     if model.inducing != "fixed":
         raise ValueError("the gold standard needs fixed inducing inputs (inducing='fixed'); "
                          f"this model has inducing={model.inducing!r}")
-    random = [name for name, m in model.named_modules() if getattr(m, "_pyro_samples", None)]
+    random = list(random_hyperparameters(model))
     if random:
         raise ValueError("the gold standard holds the hyperparameters fixed; these modules of "
                          f"the model have random ones (PyroSample): {random}")

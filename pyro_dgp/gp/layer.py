@@ -39,7 +39,14 @@ from .conditional import conditional
 from .distributions import LayerConditional, WhitenedPrior, drop_data_dim, masked_out
 from .sites import FunctionSite, InducingSite, tag
 
-__all__ = ["GPLayer", "sample_hyperparameters"]
+__all__ = ["GPLayer", "random_hyperparameters", "sample_hyperparameters"]
+
+
+def random_hyperparameters(module: torch.nn.Module) -> dict[str, list[str]]:
+    """``{submodule name: its PyroSample attribute names}`` of ``module`` and its children,
+    for the submodules that have any (``""`` names ``module`` itself)."""
+    return {name: list(m._pyro_samples) for name, m in module.named_modules()
+            if getattr(m, "_pyro_samples", None)}  # PyroModule's registry of PyroSamples
 
 
 def sample_hyperparameters(module: torch.nn.Module) -> None:
@@ -48,8 +55,9 @@ def sample_hyperparameters(module: torch.nn.Module) -> None:
     PyroModule samples such a site at its first access in a call; touching them before the
     data plate opens keeps global hyperparameters out of it.
     """
-    for m in module.modules():
-        for attr in getattr(m, "_pyro_samples", {}):
+    for name, attrs in random_hyperparameters(module).items():
+        m = module.get_submodule(name)
+        for attr in attrs:
             getattr(m, attr)
 
 

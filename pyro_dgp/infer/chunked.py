@@ -14,8 +14,6 @@ error as :func:`~pyro_dgp.elbo` does.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ..datasets.stream import RowStream
@@ -70,8 +68,8 @@ def chunked_elbo(model, guide, data, num_particles: int = 8, objective="auto", s
         dtype, device = data[0].dtype, data[0].device
     if hasattr(model, "num_data"):
         model.num_data = N
-    rank, world = (0, 1) if parallel is None else (parallel.rank, parallel.world_size)
-    lo, hi = rank * N // world, (rank + 1) * N // world
+    rank = 0 if parallel is None else parallel.rank
+    lo, hi = (0, N) if parallel is None else parallel.shard(N)
     elbo = make_objective(objective, guide)
     totals = torch.zeros(num_particles, dtype=torch.float64)
     with torch.no_grad():
@@ -81,12 +79,7 @@ def chunked_elbo(model, guide, data, num_particles: int = 8, objective="auto", s
                     totals[p] -= float(elbo.loss(model, guide, X, y)) * X.shape[-2] / N
     if parallel is not None:
         totals = parallel.sum(totals)
-    values = totals.tolist()
-    mean = math.fsum(values) / num_particles
-    if num_particles == 1:
-        return ELBOEstimate(mean, math.nan, 1)
-    var = math.fsum((v - mean) ** 2 for v in values) / (num_particles - 1)
-    return ELBOEstimate(mean, math.sqrt(var / num_particles), num_particles)
+    return ELBOEstimate.from_values(totals.tolist())
 
 
 def fit_elbo(model, guide, batches, num_particles: int, seed: int,

@@ -99,6 +99,16 @@ class ELBOEstimate:
     def __float__(self) -> float:
         return self.value
 
+    @classmethod
+    def from_values(cls, values: list[float]) -> ELBOEstimate:
+        """The mean of independent draws ``values`` and its standard error."""
+        n = len(values)
+        mean = math.fsum(values) / n
+        if n == 1:
+            return cls(mean, math.nan, 1)
+        var = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
+        return cls(mean, math.sqrt(var / n), n)
+
 
 @user_errors_first
 def evaluate_elbo(model, guide, X: torch.Tensor, y: torch.Tensor, num_particles: int = 16,
@@ -118,8 +128,4 @@ def evaluate_elbo(model, guide, X: torch.Tensor, y: torch.Tensor, num_particles:
     with torch.no_grad(), seeded(seed, X.device):
         for _ in range(num_particles):
             values.append(-float(elbo.loss(model, guide, X, y)))
-    mean = math.fsum(values) / num_particles
-    if num_particles == 1:
-        return ELBOEstimate(mean, math.nan, 1)
-    var = math.fsum((v - mean) ** 2 for v in values) / (num_particles - 1)
-    return ELBOEstimate(mean, math.sqrt(var / num_particles), num_particles)
+    return ELBOEstimate.from_values(values)

@@ -183,15 +183,12 @@ class _Training:
                 if self.natural is not None:
                     return self.natural.loss_and_grads(
                         lambda: self.elbo.differentiable_loss(self.model, self.guide, *args)), None
-                if self.parallel is not None:
+                if self.parallel is not None or hasattr(self.elbo, "differentiable_loss"):
                     # this process's part of the global objective (infer/distributed.py):
-                    # its loss weighted B_r / B, so that the KL adds up to once
+                    # its loss weighted B_r / B (1 in one process), so that the KL adds up
+                    # to once
                     loss_t = self.batches.share * self.elbo.differentiable_loss(
                         self.model, self.guide, *args)
-                    loss_t.backward()
-                    return float(loss_t.detach()), None
-                if hasattr(self.elbo, "differentiable_loss"):
-                    loss_t = self.elbo.differentiable_loss(self.model, self.guide, *args)
                     loss_t.backward()
                     return float(loss_t.detach()), None
                 return float(self.elbo.loss_and_grads(self.model, self.guide, *args)), None

@@ -56,13 +56,14 @@ def stream_report(model, guide, data: RowStream, num_samples: int = 100,
     the original units: ``nll``, ``crps`` and ``coverage95`` are means over all rows (each
     chunk's mean weighted by its rows), ``rmse`` the root of the mean of all squared
     errors."""
-    n, sums = 0, {"nll": 0.0, "sq": 0.0, "crps": 0.0, "coverage95": 0.0}
+    n, sums = 0, {"nll": 0.0, "rmse": 0.0, "crps": 0.0, "coverage95": 0.0}
     for pred, y in predict_chunks(model, guide, data, num_samples, chunk_rows, seed):
         m = y.shape[0]
-        sums["nll"] += m * metrics.nll(pred, y)
-        sums["sq"] += m * metrics.rmse(pred, y) ** 2
-        sums["crps"] += m * metrics.crps(pred, y)
-        sums["coverage95"] += m * metrics.coverage(pred, y, 0.95)
+        report = metrics.regression_report(pred, y)
+        report["rmse"] **= 2  # summed as squared errors
+        for key in sums:
+            sums[key] += m * report[key]
         n += m
-    return {"nll": sums["nll"] / n, "rmse": math.sqrt(sums["sq"] / n),
-            "crps": sums["crps"] / n, "coverage95": sums["coverage95"] / n}
+    means = {key: total / n for key, total in sums.items()}
+    means["rmse"] = math.sqrt(means["rmse"])
+    return means
