@@ -52,6 +52,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from machine import cpu_model
+
 __all__ = ["default_dir", "read", "record"]
 
 HERE = Path(__file__).resolve().parent
@@ -80,18 +82,8 @@ def _commit() -> dict:
     return {"commit": rev or None, "dirty": bool(changes)}
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _machine() -> dict:
-    out = {"host": platform.node(), "arch": platform.machine(), "cpu": _cpu_model(),
+    out = {"host": platform.node(), "arch": platform.machine(), "cpu": cpu_model(),
            "cores": os.cpu_count(), "python": platform.python_version()}
     try:
         import torch
