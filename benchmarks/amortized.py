@@ -19,11 +19,17 @@ one line per (dataset, method) with the mean (standard error) over the splits is
 ``benchmarks/results/amortized.jsonl`` (``--no-record``: not), and per synthetic size one line
 with AVDGP's time per epoch (``--speed-sizes``; the epoch is ``N / B`` steps, so its time must
 grow linearly in ``N``). ``python benchmarks/report.py`` renders them into BENCHMARKS.md.
+
+A run writes a checkpoint at the end of every epoch (parameters, Adam's moments, every random
+stream, the epoch times) to ``--checkpoint-dir`` (default ``<out>.ckpt/``), named by the run's
+settings; a killed run, re-issued with the same settings, continues from its last finished
+epoch exactly, and a finished run's checkpoint is deleted.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import sys
@@ -43,6 +49,7 @@ from pyro_dgp.gp.deep_gp import DeepGP
 from pyro_dgp.gp.layer import GPLayer
 from pyro_dgp.guides import Amortized, MeanField
 from pyro_dgp.infer.amortized import AmortizedELBO
+from pyro_dgp.infer.checkpoint import atomic_save, rng_state, safe_load, set_rng_state
 from pyro_dgp.infer.objectives import make_objective
 from pyro_dgp.kernels import Matern52
 from pyro_dgp.likelihoods import Gaussian
@@ -85,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch threads (CPU)")
     p.add_argument("--data-dir", default=None, help="folder with uci/ (default $PYRO_DGP_DATA)")
     p.add_argument("--out", default="amortized_runs.jsonl", help="JSON lines of finished runs")
+    p.add_argument("--checkpoint-dir", default=None,
+                   help="folder of per-run checkpoints, one per epoch (default: <out>.ckpt/); "
+                   "a finished run's checkpoint is deleted")
     p.add_argument("--no-record", action="store_true",
                    help="append nothing to benchmarks/results/amortized.jsonl")
     p.add_argument("--quiet", action="store_true", help="no per-epoch progress bar")
@@ -131,17 +141,24 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def train(model, guide, objective, X, y, args, seed: int, epochs: int, desc: str):
+def train(model, guide, objective, X, y, args, seed: int, epochs: int, desc: str,
+          checkpoint: Path | None = None):
     """Adam on shuffled minibatches of ``args.batch_size`` for ``epochs`` passes (each point
-    once per epoch); returns the seconds of each epoch and the last epoch's mean loss/point."""
+    once per epoch); returns the seconds of each epoch and the last epoch's mean loss/point.
+
+    ``checkpoint``: a file written at the end of every epoch; where it exists, training
+    continues from it (the epochs it holds are not run again)."""
     pyro.clear_param_store()
     pyro.set_rng_seed(seed)
     N, B = X.shape[-2], min(args.batch_size, X.shape[-2])
     model.num_data = N
-    svi = pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": args.lr}), objective)
+    optim = pyro.optim.Adam({"lr": args.lr})
+    svi = pyro.infer.SVI(model, guide, optim, objective)
     gen = torch.Generator(device=X.device).manual_seed(seed)
     seconds, loss = [], math.nan
-    bar = tqdm(range(epochs), desc=desc, disable=args.quiet, leave=False)
+    if checkpoint is not None and checkpoint.exists():
+        seconds, loss = _resume(checkpoint, model, guide, optim, gen, X, y)
+    bar = tqdm(range(len(seconds), epochs), desc=desc, disable=args.quiet, leave=False)
     with pyro.validation_enabled(False):
         for _ in bar:
             _sync(X.device)
@@ -152,7 +169,54 @@ def train(model, guide, objective, X, y, args, seed: int, epochs: int, desc: str
             seconds.append(time.perf_counter() - t0)
             loss = total / math.ceil(N / B) / N
             bar.set_postfix(loss=f"{loss:.4f}/pt", s=f"{seconds[-1]:.1f}")
+            if checkpoint is not None:
+                checkpoint.parent.mkdir(parents=True, exist_ok=True)
+                atomic_save(checkpoint, {
+                    "model": model.state_dict(), "guide": guide.state_dict(),
+                    "optimizer": _adam_state(optim, model, guide),
+                    "rng": rng_state(gen, X.device), "seconds": seconds, "loss": loss})
     return seconds, loss
+
+
+def _store_names(model, guide) -> dict[str, str]:
+    """Param-store name -> the parameter's name in ``model.`` or ``guide.``; the store's names
+    carry a per-instance suffix (``DeepGP_1``) that differs between processes."""
+    store, names = pyro.get_param_store(), {}
+    for prefix, module in (("model", model), ("guide", guide)):
+        for key, param in module.named_parameters():
+            name = store.param_name(param)
+            if name is not None:
+                names.setdefault(name, f"{prefix}.{key}")
+    return names
+
+
+def _adam_state(optim, model, guide) -> dict:
+    """Adam's moments of every parameter, by its name in ``model.`` or ``guide.``."""
+    names = _store_names(model, guide)
+    return {names[name]: state for name, state in optim.get_state().items()}
+
+
+def _resume(path: Path, model, guide, optim, gen, X, y) -> tuple[list[float], float]:
+    """Load a checkpoint of :func:`train` into the model, guide, optimiser and random streams;
+    returns its epoch times and last loss per point."""
+    state = safe_load(path, map_location=X.device)
+    with torch.no_grad():  # creates the lazily-built parameters and enters all in the store
+        guide_trace = pyro.poutine.trace(guide).get_trace(X[:2], y[:2])
+        pyro.poutine.replay(model, trace=guide_trace)(X[:2], y[:2])
+    model.load_state_dict(state["model"])
+    guide.load_state_dict(state["guide"])
+    by_key = {key: name for name, key in _store_names(model, guide).items()}
+    # Adam's moments, taken up by each parameter's optimiser at its first step
+    optim.set_state({by_key[key]: moments for key, moments in state["optimizer"].items()})
+    set_rng_state(state["rng"], gen, X.device)  # last: the calls above drew from the streams
+    return list(state["seconds"]), float(state["loss"])
+
+
+def checkpoint_path(args, name: str, method: str, split: int) -> Path:
+    """A run's checkpoint file, named by the run and a digest of the settings it computes with."""
+    folder = Path(args.checkpoint_dir) if args.checkpoint_dir else Path(f"{args.out}.ckpt")
+    digest = hashlib.sha1(json.dumps(_settings(args), sort_keys=True).encode()).hexdigest()
+    return folder / f"{name}_{method}_s{split}_{digest[:12]}.pt"
 
 
 def _epoch_time(seconds: list[float]) -> float:
@@ -169,15 +233,18 @@ def run_one(args, name: str, method: str, split: int) -> dict:
     seed = args.seed + split
     pyro.set_rng_seed(seed)
     model, guide, objective, S = build(method, data.X_train, data.y_train, args, seed)
+    ckpt = checkpoint_path(args, name, method, split)
+    resumed_from = len(safe_load(ckpt)["seconds"]) if ckpt.exists() else None
     seconds, loss = train(model, guide, objective, data.X_train, data.y_train, args, seed,
-                          args.epochs, f"{name} {method} split {split}")
+                          args.epochs, f"{name} {method} split {split}", ckpt)
     pred = predict(model, guide, data.X_test, num_samples=S, seed=seed)
     return {"dataset": name, "method": method, "split": split, "settings": _settings(args),
             "num_train": data.num_train, "num_test": data.num_test,
             "nll": nll(pred, data.y_test), "rmse": rmse(pred, data.y_test),
             "crps": crps(pred, data.y_test), "components": pred.num_samples,
             "final_loss_per_point": loss, "s_per_epoch": _epoch_time(seconds),
-            "epoch_seconds": seconds, "threads": torch.get_num_threads()}
+            "epoch_seconds": seconds, "resumed_from_epoch": resumed_from,
+            "threads": torch.get_num_threads()}
 
 
 def _settings(args) -> dict:
@@ -254,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             rec = run_one(args, name, method, split)
             append_record(out, rec)
+            checkpoint_path(args, name, method, split).unlink(missing_ok=True)
             tqdm.write(f"{name} {method} split {split}: NLL {rec['nll']:.3f}, RMSE "
                        f"{rec['rmse']:.3f}, CRPS {rec['crps']:.3f}, "
                        f"{rec['s_per_epoch']:.2f} s/epoch", file=sys.stderr)

@@ -38,5 +38,37 @@ def test_runs_resume_and_land_in_the_report(tmp_path, monkeypatch):
     assert speed["figures"]["steps_per_epoch"] == 1 and speed["settings"]["N"] == 500
     assert amortized.main([*args, "--speed-sizes", "--no-record"]) == 0  # resumes: no rerun
     assert len(out.read_text().splitlines()) == 2
+    assert not any(Path(f"{out}.ckpt").glob("*.pt"))  # finished runs leave no checkpoint
     text = report.render(tmp_path / "results")
     assert "## Amortized guides (AVDGP" in text and "0.066±0.022" in text
+
+
+@pytest.mark.parametrize("method", ["dsdgp", "ar2pp"])
+def test_a_resumed_run_continues_exactly(tmp_path, method):
+    """Two epochs, then a fresh process's model resumed from the checkpoint for the third,
+    end where three epochs in one go end: same loss, same parameters, bit for bit."""
+    import amortized
+    import torch
+
+    args = amortized.build_parser().parse_args([*TINY, "--batch-size", "64"])
+    X, y = amortized.synthetic(200, 3, 0, torch.device("cpu"), torch.float64)
+
+    def run(epochs, ckpt):
+        model, guide, objective, _ = amortized.build(method, X, y, args, 0)
+        seconds, loss = amortized.train(model, guide, objective, X, y, args, 0, epochs, "t",
+                                        ckpt)
+        return len(seconds), loss, {**model.state_dict(), **{
+            f"guide.{k}": v for k, v in guide.state_dict().items()}}
+
+    epochs, loss, state = run(3, None)
+    ckpt = tmp_path / "run.pt"
+    assert run(2, ckpt)[0] == 2 and ckpt.exists()
+    resumed_epochs, resumed_loss, resumed_state = run(3, ckpt)
+    assert (resumed_epochs, resumed_loss) == (epochs, loss)
+    assert state.keys() == resumed_state.keys()
+    assert all(torch.equal(state[k], resumed_state[k]) for k in state)
+    # a different setting is a different run: it does not pick this checkpoint up
+    other = amortized.build_parser().parse_args([*TINY, "--lr", "0.01", "--out", "x"])
+    same = amortized.build_parser().parse_args([*TINY, "--out", "x"])
+    assert (amortized.checkpoint_path(other, "kin8nm", method, 0)
+            != amortized.checkpoint_path(same, "kin8nm", method, 0))
