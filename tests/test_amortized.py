@@ -197,6 +197,28 @@ def test_ar2pp_with_uniform_weights_is_the_alpha_one_objective():
     assert dgp.AmortizedELBO(predictive=False).loss(model, guide, X, y) > ours
 
 
+def test_kl_of_q_u_over_paths_is_the_per_point_kl_and_nothing_is_drawn():
+    """q(u_n) expanded over S paths keeps its own parameters: the KL to N(0, I) is each
+    point's, written out here, for every path; AmortizedELBO's run of a quadrature rule (no
+    random draw) leaves torch's random stream where it was: u is not drawn."""
+    S = 5
+    torch.manual_seed(3)
+    X, y = torch.randn(6, 2, dtype=DT), torch.randn(6, dtype=DT)
+    model = _model([2, 2, 1], N=6, means=["identity", "zero"])
+    guide = dgp.guides.Amortized(model, rule="AR2P", num_paths=S, inner_scale=0.3)
+    _perturb(guide, X, y)
+    loc, tril = guide.encoders.layer1(X)  # (N, D, M) each, a diagonal Cholesky factor
+    q = dgp.guides.amortized.LocalGaussian(loc, torch.diag_embed(tril), torch.zeros(6, 3, 2))
+    p_u = model.layers[0].prior()
+    kl = torch.distributions.kl_divergence(q.expand((S, 6)), p_u.expand((S, 6)))
+    assert kl.shape == (S, 6)
+    torch.testing.assert_close(kl, _kl_std_normal(loc, tril).expand(S, 6), rtol=1e-12,
+                               atol=1e-12)
+    state = torch.get_rng_state()
+    dgp.AmortizedELBO().loss(model, guide, X, y)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
 def test_wrong_encoder_output_names_the_layer_and_the_shape():
     class Bad(torch.nn.Module):
         def forward(self, p):

@@ -18,6 +18,7 @@ from pyro.nn import PyroModule, PyroSample
 from registry_models import model_for
 
 import pyro_dgp as dgp
+from pyro_dgp.guides.gaussian import tril_matvec
 from pyro_dgp.guides.registry import GUIDES, LOCAL_INDUCING_GUIDES, make_guide
 
 DT = torch.float64
@@ -323,3 +324,17 @@ def test_conditioning_a_layer_site_is_refused_by_name():
     guide = dgp.guides.MeanField(conditioned)
     with pytest.raises(ValueError, match="layer site 'layer1.u' is observed"):
         guide(X, y)
+
+
+@pytest.mark.parametrize("eps_shape", [(32, 1, 4, 6), (3, 4, 6), (4, 6), (2, 1, 6)])
+def test_tril_matvec_is_the_broadcast_product(eps_shape):
+    """L e with L (4, 6, 6) and draws with batch dims left of L's: the product that broadcasts
+    L over them, computed here with L copied per draw."""
+    g = torch.Generator().manual_seed(0)
+    L = torch.randn(4, 6, 6, generator=g, dtype=torch.float64).tril()
+    eps = torch.randn(eps_shape, generator=g, dtype=torch.float64)
+    want = (L.expand(torch.broadcast_shapes(eps.shape[:-1], (4,)) + (6, 6))
+            @ eps.unsqueeze(-1)).squeeze(-1)
+    got = tril_matvec(L, eps)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-13)

@@ -15,7 +15,7 @@ from ..linalg import CholeskyError
 from .distributions import WhitenedPrior
 
 __all__ = ["gaussian_kl_to_layer_prior", "layer_gaussian_kl", "logdet_low_rank",
-           "triangular_of_rows"]
+           "standard_normal_kl", "triangular_of_rows"]
 
 
 @register_kl(torch.distributions.Independent, WhitenedPrior)
@@ -29,13 +29,19 @@ def _kl_to_whitened_prior(p, q):
         or p.event_shape != q.event_shape
     ):
         return _kl_independent_independent(p, q)
-    L, m = base._unbroadcasted_scale_tril, base.loc
-    kl_rows = 0.5 * (L.square().sum((-2, -1)) + m.square().sum(-1) - m.shape[-1])
-    kl_rows = kl_rows - L.diagonal(dim1=-2, dim2=-1).log().sum(-1)
-    kl = kl_rows.expand(base.batch_shape).sum(-1)
+    kl = standard_normal_kl(base.loc, base._unbroadcasted_scale_tril)
+    kl = kl.expand(base.batch_shape).sum(-1)
     if p.batch_shape == q.batch_shape:
         return kl.expand(p.batch_shape)
     return kl.expand(torch.broadcast_shapes(p.batch_shape, q.batch_shape))
+
+
+def standard_normal_kl(loc: torch.Tensor, scale_tril: torch.Tensor) -> torch.Tensor:
+    """``KL(N(m, L L^T) || N(0, I))`` of each row ``m``: ``0.5 (|L|_F^2 + |m|^2 - M) -
+    sum log diag L``, for ``loc (..., M)`` and ``scale_tril (..., M, M)`` (batch dims
+    broadcast); returns ``(...)``."""
+    kl = 0.5 * (scale_tril.square().sum((-2, -1)) + loc.square().sum(-1) - loc.shape[-1])
+    return kl - scale_tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
 
 
 def gaussian_kl_to_layer_prior(layers, mean, R, d=None, logdet_S=None) -> torch.Tensor:

@@ -46,8 +46,10 @@ from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
 from pyro.poutine.plate_messenger import PlateMessenger
 from pyro.poutine.runtime import _PYRO_STACK
+from torch.distributions import register_kl
 
-from ..gp.distributions import FunctionMarginal
+from ..gp.distributions import FunctionMarginal, WhitenedPrior
+from ..gp.kl import standard_normal_kl
 from ..likelihoods.marginal import SourceGaussian, record_source, source_of
 from ..state import swapped
 from ..validation import check_positive_finite, check_positive_int
@@ -86,12 +88,33 @@ class LocalGaussian(dist.Independent):
         super().__init__(dist.MultivariateNormal(loc, scale_tril=scale_tril), 1,
                          validate_args=validate_args)
         self.inducing_inputs = inducing_inputs
+        #: ``(loc, scale_tril)`` as given, kept unexpanded by :meth:`expand`
+        self.point_parameters = (loc, scale_tril)
 
     def expand(self, batch_shape, _instance=None):
+        # The expanded Gaussian keeps the unexpanded Cholesky factor (MultivariateNormal's
+        # expand does): its KL and log-density then work on (..., N, D_out, M, M) once, not
+        # once per path of the S paths around the site (S times the memory and time).
         batch_shape = torch.Size(batch_shape)
+        new = self._get_checked_instance(LocalGaussian, _instance)
         base = self.base_dist.expand(batch_shape + self.base_dist.batch_shape[-1:])
+        dist.Independent.__init__(new, base, 1, validate_args=False)
+        new._validate_args = self._validate_args
         Z = self.inducing_inputs
-        return LocalGaussian(base.loc, base.scale_tril, Z.expand(batch_shape + Z.shape[-2:]))
+        new.inducing_inputs = Z.expand(batch_shape + Z.shape[-2:])
+        new.point_parameters = self.point_parameters
+        return new
+
+
+@register_kl(LocalGaussian, WhitenedPrior)
+def _kl_local_to_whitened_prior(p: LocalGaussian, q: WhitenedPrior) -> torch.Tensor:
+    """``KL(q(u_n) || N(0, I))`` of each point from its own parameters, then expanded over
+    the batch: the ``S`` paths around a site share ``q(u_n)``, so it is evaluated once."""
+    if p.event_shape != q.event_shape:
+        raise ValueError(f"KL(q(u) || p(u)): q's event shape {tuple(p.event_shape)} is not "
+                         f"p's {tuple(q.event_shape)}")
+    kl = standard_normal_kl(*p.point_parameters).sum(-1)  # (..., N): summed over D_out
+    return kl.expand(torch.broadcast_shapes(p.batch_shape, q.batch_shape))
 
 
 class QuadratureMarginal(FunctionMarginal):

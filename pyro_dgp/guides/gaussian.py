@@ -13,7 +13,7 @@ from ..gp.kl import triangular_of_rows
 from .prototype import LayerSite
 
 __all__ = ["LayerGaussian", "check_size", "gaussian_parameters", "initial_scale_tril",
-           "log_density_of_noise", "mvn_site"]
+           "log_density_of_noise", "mvn_site", "tril_matvec"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,21 @@ def log_density_of_noise(eps: torch.Tensor, log_det_cov: torch.Tensor) -> torch.
     return -0.5 * (eps.shape[-1] * math.log(2 * math.pi) + log_det_cov + eps.square().sum(-1))
 
 
+def tril_matvec(L: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    """``L e`` for ``L (*b, M, M)`` and ``eps (*s, *b, M)``: ``(*s, *b, M)``.
+
+    Where ``eps`` has batch dims left of ``L``'s (Pyro's particles or paths, a sample shape),
+    those are folded into the columns of one product with ``L``: ``L @ eps[..., None]``
+    would broadcast ``L`` over them, copying it once per draw (for ``S = 32`` particles of a
+    layer with 16 outputs and ``M = 256``, 268 MB per step, most of a DS-DGP step's time)."""
+    n = eps.dim() - L.dim() + 1  # the batch dims of eps left of L's
+    if n <= 0 or eps.shape[n:-1] != L.shape[:-2]:
+        return (L @ eps.unsqueeze(-1)).squeeze(-1)
+    lead = eps.shape[:n]
+    cols = eps.reshape((-1,) + eps.shape[n:]).movedim(0, -1)  # (*b, M, prod(s))
+    return (L @ cols).movedim(-1, 0).reshape(lead + eps.shape[n:])
+
+
 class _OwnDrawMVN(dist.MultivariateNormal):
     """A multivariate normal that scores its latest draw ``x = loc + L e`` from ``e``.
 
@@ -112,7 +127,7 @@ class _OwnDrawMVN(dist.MultivariateNormal):
     def rsample(self, sample_shape=torch.Size()):
         shape = self._extended_shape(sample_shape)
         eps = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
-        value = self.loc + (self._unbroadcasted_scale_tril @ eps.unsqueeze(-1)).squeeze(-1)
+        value = self.loc + tril_matvec(self._unbroadcasted_scale_tril, eps)
         self._own_draw = (value, eps)
         return value
 

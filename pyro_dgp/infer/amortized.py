@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import torch
 from pyro.distributions.util import scale_and_mask
+from pyro.poutine.messenger import Messenger
 from torch.distributions import kl_divergence
 
-from ..gp.sites import function_site
+from ..gp.sites import function_site, inducing_site
 from ..guides.amortized import PATH_PLATE, Amortized
 from ..likelihoods import AnalyticObservation
 from ..validation import check_positive_finite, check_positive_int
@@ -31,6 +32,16 @@ from .draws import unmasked
 from .elbo import AnalyticKL_ELBO, LossFromDifferentiable, plated_traces
 
 __all__ = ["AmortizedELBO"]
+
+
+class _MeanOfInducing(Messenger):
+    """Gives each latent ``<layer>.u`` site the mean of its distribution as value, so that
+    nothing is drawn there: ``S`` paths of ``q(u_n)`` cost ``S`` times the Gaussian draws of
+    a ``(..., N, D_out, M)`` tensor, and the objective never reads them."""
+
+    def _pyro_sample(self, msg):
+        if msg["value"] is None and not msg["is_observed"] and inducing_site(msg) is not None:
+            msg["value"] = msg["fn"].mean
 
 
 class AmortizedELBO(LossFromDifferentiable, AnalyticKL_ELBO):
@@ -72,7 +83,8 @@ class AmortizedELBO(LossFromDifferentiable, AnalyticKL_ELBO):
         if not guide.is_set_up:
             guide.setup(*args, **kwargs)  # its parameters, outside the path plate
         S, predictive, beta = self._settings(guide)
-        model_trace, guide_trace = plated_traces(model, guide, PATH_PLATE, S, args, kwargs)
+        with _MeanOfInducing():
+            model_trace, guide_trace = plated_traces(model, guide, PATH_PLATE, S, args, kwargs)
         weights = guide.path_weights()
         if weights is None:
             weights = torch.full((S,), 1.0 / S)
@@ -116,6 +128,12 @@ class AmortizedELBO(LossFromDifferentiable, AnalyticKL_ELBO):
         try:
             kl = kl_divergence(guide_site["fn"], site["fn"])
         except NotImplementedError:
+            if inducing_site(site) is not None:  # its value is q's mean, not a draw
+                raise TypeError(
+                    f"AmortizedELBO: KL({type(guide_site['fn']).__name__} || "
+                    f"{type(site['fn']).__name__}) of the site '{site['name']}' has no closed "
+                    "form registered with torch.distributions.kl; the objective needs it"
+                ) from None
             kl = guide_site["fn"].log_prob(guide_site["value"]) - site["fn"].log_prob(
                 site["value"])
         kl = scale_and_mask(kl, guide_site["scale"], guide_site["mask"])
