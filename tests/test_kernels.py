@@ -412,7 +412,7 @@ def test_pyro_sample_prior_inside_sum_kernel():
 def test_conditional_parts_match_the_textbook_kernel_and_its_gradients(Kernel):
     """conditional_parts (RBF: K_ZX as exp of one augmented GEMM) equals the textbook formula
     and the generic call, in value and in the gradients for Z, X, variance and lengthscales,
-    with batch dims on X."""
+    with batch dims on X (computed as one (M, batch N) product)."""
     g = torch.Generator().manual_seed(3)
     Z = torch.randn(5, D, generator=g, dtype=DT)
     X = torch.randn(2, 7, D, generator=g, dtype=DT)
@@ -422,6 +422,8 @@ def test_conditional_parts_match_the_textbook_kernel_and_its_gradients(Kernel):
         z, x = Z.clone().requires_grad_(), X.clone().requires_grad_()
         if fused:
             Kzz, Kzx, kxx = k.conditional_parts(z, x)
+            # in the layout of the conditional's one solve over the batch's columns (no copy)
+            assert Kzx.movedim(-2, 0).is_contiguous()
         else:
             Kzz, Kzx, kxx = k(z), k(z, x), k(x, diag=True)
         w = torch.randn(Kzx.shape, generator=torch.Generator().manual_seed(0), dtype=DT)

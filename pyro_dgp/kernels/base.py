@@ -152,7 +152,16 @@ class Stationary(Kernel):
         Zs, Xs = _centred(Z / ls, X / ls)
         scale = matrix_scale(var)
         Kzz = scale * self.profile(self._sqdist(Zs, Zs))
-        Kzx = self._cross_covariance(Zs, Xs, var)
+        if Zs.dim() == 2 and var.dim() == 0 and Xs.shape[:-2].numel() > 1:
+            # One Z, inputs with batch dims (draws, paths): one (M, prod(batch) N) product,
+            # returned as a (..., M, N) view of it. The conditional solves against all the
+            # batch's columns at once (gp/conditional.py), which in this layout is a view too;
+            # computed per batch entry, K_ZX would be copied into it (and back in the
+            # backward pass): a quarter of an alpha-objective step with S = 10 draws.
+            Kf = self._cross_covariance(Zs, Xs.reshape(-1, Xs.shape[-1]), var)
+            Kzx = Kf.unflatten(-1, Xs.shape[:-1]).movedim(0, -2)
+        else:
+            Kzx = self._cross_covariance(Zs, Xs, var)
         return Kzz, Kzx, pointwise(var, X)
 
     def _cross_covariance(self, Zs, Xs, var):
