@@ -183,13 +183,20 @@ def test_minibatch_objective_is_unbiased_for_the_full_data_objective(kl_weight):
         assert np.mean(weighted) > np.mean(unweighted)
 
 
+def _perturbed_two_layer(rule, S, N, seed):
+    """``(model, guide, X, y)``: ``N`` random points, a 2-layer amortized model and its guide
+    with ``S`` paths and perturbed encoders."""
+    torch.manual_seed(seed)
+    X, y = torch.randn(N, 2, dtype=DT), torch.randn(N, dtype=DT)
+    model = _model([2, 2, 1], N=N, means=["identity", "zero"])
+    guide = dgp.guides.Amortized(model, rule=rule, num_paths=S, inner_scale=0.3)
+    _perturb(guide, X, y)
+    return model, guide, X, y
+
+
 def test_ar2pp_with_uniform_weights_is_the_alpha_one_objective():
     S = 6
-    torch.manual_seed(5)
-    X, y = torch.randn(5, 2, dtype=DT), torch.randn(5, dtype=DT)
-    model = _model([2, 2, 1], N=5, means=["identity", "zero"])
-    guide = dgp.guides.Amortized(model, rule="AR2PP", num_paths=S, inner_scale=0.3)
-    _perturb(guide, X, y)
+    model, guide, X, y = _perturbed_two_layer("AR2PP", S, 5, seed=5)
     # uniform weights: systematic resampling under the alpha plate takes every node once
     ours = dgp.AmortizedELBO().loss(model, guide, X, y)
     alpha_one = LocalAlpha(alpha=1.0, num_samples=S).loss(model, guide, X, y)
@@ -202,11 +209,7 @@ def test_kl_of_q_u_over_paths_is_the_per_point_kl_and_nothing_is_drawn():
     point's, written out here, for every path; AmortizedELBO's run of a quadrature rule (no
     random draw) leaves torch's random stream where it was: u is not drawn."""
     S = 5
-    torch.manual_seed(3)
-    X, y = torch.randn(6, 2, dtype=DT), torch.randn(6, dtype=DT)
-    model = _model([2, 2, 1], N=6, means=["identity", "zero"])
-    guide = dgp.guides.Amortized(model, rule="AR2P", num_paths=S, inner_scale=0.3)
-    _perturb(guide, X, y)
+    model, guide, X, y = _perturbed_two_layer("AR2P", S, 6, seed=3)
     loc, tril = guide.encoders.layer1(X)  # (N, D, M) each, a diagonal Cholesky factor
     q = dgp.guides.amortized.LocalGaussian(loc, torch.diag_embed(tril), torch.zeros(6, 3, 2))
     p_u = model.layers[0].prior()
