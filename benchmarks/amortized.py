@@ -144,7 +144,8 @@ def _sync(device: torch.device) -> None:
 def train(model, guide, objective, X, y, args, seed: int, epochs: int, desc: str,
           checkpoint: Path | None = None):
     """Adam on shuffled minibatches of ``args.batch_size`` for ``epochs`` passes (each point
-    once per epoch); returns the seconds of each epoch and the last epoch's mean loss/point.
+    once per epoch); returns the seconds of each epoch, the last epoch's mean loss/point and
+    the epoch training resumed from (``None``: from the start).
 
     ``checkpoint``: a file written at the end of every epoch; where it exists, training
     continues from it (the epochs it holds are not run again)."""
@@ -155,9 +156,10 @@ def train(model, guide, objective, X, y, args, seed: int, epochs: int, desc: str
     optim = pyro.optim.Adam({"lr": args.lr})
     svi = pyro.infer.SVI(model, guide, optim, objective)
     gen = torch.Generator(device=X.device).manual_seed(seed)
-    seconds, loss = [], math.nan
+    seconds, loss, resumed_from = [], math.nan, None
     if checkpoint is not None and checkpoint.exists():
         seconds, loss = _resume(checkpoint, model, guide, optim, gen, X, y)
+        resumed_from = len(seconds)
     bar = tqdm(range(len(seconds), epochs), desc=desc, disable=args.quiet, leave=False)
     with pyro.validation_enabled(False):
         for _ in bar:
@@ -175,7 +177,7 @@ def train(model, guide, objective, X, y, args, seed: int, epochs: int, desc: str
                     "model": model.state_dict(), "guide": guide.state_dict(),
                     "optimizer": _adam_state(optim, model, guide),
                     "rng": rng_state(gen, X.device), "seconds": seconds, "loss": loss})
-    return seconds, loss
+    return seconds, loss, resumed_from
 
 
 def _store_names(model, guide) -> dict[str, str]:
@@ -233,10 +235,9 @@ def run_one(args, name: str, method: str, split: int) -> dict:
     seed = args.seed + split
     pyro.set_rng_seed(seed)
     model, guide, objective, S = build(method, data.X_train, data.y_train, args, seed)
-    ckpt = checkpoint_path(args, name, method, split)
-    resumed_from = len(safe_load(ckpt)["seconds"]) if ckpt.exists() else None
-    seconds, loss = train(model, guide, objective, data.X_train, data.y_train, args, seed,
-                          args.epochs, f"{name} {method} split {split}", ckpt)
+    seconds, loss, resumed_from = train(model, guide, objective, data.X_train, data.y_train,
+                                        args, seed, args.epochs, f"{name} {method} split {split}",
+                                        checkpoint_path(args, name, method, split))
     pred = predict(model, guide, data.X_test, num_samples=S, seed=seed)
     return {"dataset": name, "method": method, "split": split, "settings": _settings(args),
             "num_train": data.num_train, "num_test": data.num_test,
@@ -270,8 +271,8 @@ def speed_one(args, N: int) -> dict:
     X, y = synthetic(N, 8, args.seed, torch.device(args.device), getattr(torch, args.dtype))
     pyro.set_rng_seed(args.seed)
     model, guide, objective, _ = build("ar2p", X, y, args, args.seed)
-    seconds, _ = train(model, guide, objective, X, y, args, args.seed, args.speed_epochs,
-                       f"synthetic N={N}")
+    seconds, _, _ = train(model, guide, objective, X, y, args, args.seed, args.speed_epochs,
+                          f"synthetic N={N}")
     steps = math.ceil(N / min(args.batch_size, N))
     return {"s_per_epoch": sum(seconds) / len(seconds), "steps_per_epoch": steps,
             "ms_per_step": 1000 * sum(seconds) / len(seconds) / steps,

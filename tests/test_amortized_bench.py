@@ -55,8 +55,8 @@ def test_a_resumed_run_continues_exactly(tmp_path, method):
 
     def run(epochs, ckpt):
         model, guide, objective, _ = amortized.build(method, X, y, args, 0)
-        seconds, loss = amortized.train(model, guide, objective, X, y, args, 0, epochs, "t",
-                                        ckpt)
+        seconds, loss, _ = amortized.train(model, guide, objective, X, y, args, 0, epochs, "t",
+                                           ckpt)
         return len(seconds), loss, {**model.state_dict(), **{
             f"guide.{k}": v for k, v in guide.state_dict().items()}}
 
