@@ -17,7 +17,12 @@ import pyro
 import pytest
 
 import pyro_dgp as dgp
-from pyro_dgp.guides.registry import GUIDES, LOCAL_INDUCING_GUIDES, make_guide
+from pyro_dgp.guides.registry import (
+    GUIDES,
+    LOCAL_INDUCING_GUIDES,
+    SEMI_IMPLICIT_GUIDES,
+    make_guide,
+)
 
 GOLDEN = Path(__file__).parent / "golden" / "guides.json"
 WRITE = os.environ.get("PYRO_DGP_WRITE_GOLDEN") == "1"
@@ -25,10 +30,10 @@ WRITE = os.environ.get("PYRO_DGP_WRITE_GOLDEN") == "1"
 #: accept the inducing-points-as-locations model on it, and the amortized guides on the model
 #: they need, of AmortizedGPLayers (per-point inducing outputs). Of the amortized guides, at
 #: about 3 s each, the default run keeps AR2PP (quadrature nodes, weights, the predictive
-#: objective and the weighted predictive); AR1, AR2 and AR2P run with -m slow, and so does
-#: SIVI, which differs from SSIVI only in its bound.
-CASES = [("fixed", name) if name != "sivi" else pytest.param("fixed", name,
-                                                             marks=[pytest.mark.slow])
+#: objective and the weighted predictive); AR1, AR2 and AR2P run with -m slow, and so do
+#: SIVI, which differs from SSIVI only in its bound, and SSIVI with correlated components.
+CASES = [("fixed", name) if name not in ("sivi", "ssivi-tril") else pytest.param(
+    "fixed", name, marks=[pytest.mark.slow])
          for name in sorted(set(GUIDES) - LOCAL_INDUCING_GUIDES)] + [
     ("locations", "meanfield"),
     ("locations", "meanfield-sampled"),
@@ -61,7 +66,7 @@ def _numbers(variant: str, guide_name: str) -> dict:
     }
     # the variational Pareto k weighs draws of a global q(u) by log q: the semi-implicit
     # guides have no tractable log q (it refuses them), the amortized guides' q is per point
-    if not (amortized or guide_name in ("ssivi", "sivi")):
+    if not (amortized or guide_name in SEMI_IMPLICIT_GUIDES):
         psis = dgp.variational_pareto_k(model, guide, X, y, num_samples=200, seed=5)
         out["pareto_k"] = float(psis.k)
     for layer, row in summary.iterrows():

@@ -9,7 +9,12 @@ from test_elbo_known_answers import _dense_svgp_elbo, _single_layer
 from torch.distributions import LowRankMultivariateNormal, MultivariateNormal
 
 import pyro_dgp as dgp
-from pyro_dgp.guides.registry import GUIDES, LOCAL_INDUCING_GUIDES, make_guide
+from pyro_dgp.guides.registry import (
+    GUIDES,
+    LOCAL_INDUCING_GUIDES,
+    SEMI_IMPLICIT_GUIDES,
+    make_guide,
+)
 
 DT = torch.float64
 #: families whose estimator of a one-layer ELBO is exact: u of the last layer is integrated
@@ -22,7 +27,8 @@ EXACT = {"meanfield", "coupled", "coupled-per-point", "chain", "chain-per-point"
 #: Zhang 2024; they are checked on a one-layer model of AmortizedGPLayers, the only kind they
 #: fit)
 NOT_GAUSSIAN = {"autoiaf": "not a known Gaussian",
-                **{name: r"SemiImplicit: q\(u\) is not Gaussian" for name in ("ssivi", "sivi")},
+                **{name: r"SemiImplicit: q\(u\) is not Gaussian"
+                   for name in SEMI_IMPLICIT_GUIDES},
                 **{name: "per data point" for name in LOCAL_INDUCING_GUIDES}}
 
 

@@ -33,9 +33,12 @@ def test_each_name_builds_its_family_on_the_model_it_fits():
     avdgp = dgp.gp.avdgp_regression(X, y, hidden_dims=(2,), num_inducing=3)
     assert has_local_inducing(dsvi) is False and has_local_inducing(avdgp) is True
     assert has_local_inducing(lambda x: x) is None  # not a module: cannot be told
-    for name, structured in (("ssivi", True), ("sivi", False)):
+    for name, structured, components in (("ssivi", True, "diagonal"),
+                                         ("sivi", False, "diagonal"),
+                                         ("ssivi-tril", True, "tril")):
         guide = make_guide(name, dsvi)
         assert isinstance(guide, dgp.guides.SemiImplicit) and guide.structured is structured
+        assert guide.component_scale == components
     for name in sorted(LOCAL_INDUCING_GUIDES):
         guide = make_guide(name, avdgp)
         assert isinstance(guide, dgp.guides.Amortized)

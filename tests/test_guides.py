@@ -19,7 +19,12 @@ from registry_models import model_for
 
 import pyro_dgp as dgp
 from pyro_dgp.guides.gaussian import tril_matvec
-from pyro_dgp.guides.registry import GUIDES, LOCAL_INDUCING_GUIDES, make_guide
+from pyro_dgp.guides.registry import (
+    GUIDES,
+    LOCAL_INDUCING_GUIDES,
+    SEMI_IMPLICIT_GUIDES,
+    make_guide,
+)
 
 DT = torch.float64
 
@@ -229,18 +234,19 @@ def test_hand_written_model_with_plain_svi(Elbo):
 def _matrix():
     """Every guide x depth x likelihood. For the semi-implicit and amortized families, whose
     steps are the slowest, the default run keeps the Gaussian at one and three layers (``sivi``,
-    which differs from ``ssivi`` only in its bound, at one), and Student-t and probit at one
+    which differs from ``ssivi`` only in its bound, and ``ssivi-tril``, only in its components,
+    at one), and Student-t and probit at one
     layer for one guide per way the likelihood is scored (``ssivi``: Trace_ELBO;
     ``amortized-ar2p``: the weighted-path ELBO; ``amortized-ar2pp``: the predictive
     objective); their other cells run with ``-m slow``."""
     every_likelihood = {"ssivi", "amortized-ar2p", "amortized-ar2pp"}
-    later = LOCAL_INDUCING_GUIDES | {"ssivi", "sivi"}
+    later = LOCAL_INDUCING_GUIDES | SEMI_IMPLICIT_GUIDES
     cells = []
     for name in sorted(GUIDES):
         for num_layers in (1, 3):
             for likelihood in ("gaussian", "studentt", "probit"):
                 if likelihood == "gaussian":
-                    slow = name == "sivi" and num_layers == 3
+                    slow = name in ("sivi", "ssivi-tril") and num_layers == 3
                 else:
                     slow = name in later and (name not in every_likelihood or num_layers == 3)
                 cells.append(pytest.param(name, num_layers, likelihood,
@@ -286,11 +292,13 @@ def test_every_guide_trains_at_every_depth_with_every_likelihood(name, num_layer
 
 
 @pytest.mark.parametrize(("name", "num_layers"), [
-    pytest.param(name, L, id=f"{name}-{L}", marks=[pytest.mark.slow] if name == "sivi" else [])
+    pytest.param(name, L, id=f"{name}-{L}",
+                 marks=[pytest.mark.slow] if name in ("sivi", "ssivi-tril") else [])
     for name in sorted(GUIDES) for L in (2, 3)])
 def test_every_guide_trains_on_the_locations_model_or_refuses_it(name, num_layers):
     """inducing='locations': MeanField, the completed autoguides and the semi-implicit guides
-    train (``sivi``, which differs from ``ssivi`` only in its bound, with ``-m slow``); the
+    train (``sivi`` and ``ssivi-tril``, which differ from ``ssivi`` only in their bound and
+    components, with ``-m slow``); the
     joint guides, whose closed-form KL assumes layer-wise Gaussian priors, refuse
     it by name; the amortized guides, which need per-point inducing outputs, are refused by
     ``make_guide`` (this model's are global)."""

@@ -122,31 +122,135 @@ def test_constant_mixing_gives_the_gaussian_density(K):
         assert torch.allclose(q.log_prob(value), gaussian.log_prob(value), atol=1e-12)
 
 
+def _random_unit_tril(D, M, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(D, M, M, generator=g, dtype=DT).tril(-1) + torch.eye(M, dtype=DT)
+
+
+def test_correlated_components_are_the_stated_gaussians():
+    # q(u | eps_k) = N(mu(eps_k), T diag sigma(eps_k)^2 T^T), T shared: every component's
+    # density against torch's MultivariateNormal, at the guide's own draw and elsewhere
+    D, M, e, K = 2, 3, 4, 6
+    g = torch.Generator().manual_seed(0)
+    A = torch.randn(e, D * M, generator=g, dtype=DT)
+    B = torch.randn(e, D * M, generator=g, dtype=DT)
+    seen = []
+
+    def net(eps, cond=None):
+        seen.append(eps)
+        loc = (eps @ A).unflatten(-1, (D, M))
+        return loc, torch.nn.functional.softplus(eps @ B).unflatten(-1, (D, M)) + 0.1
+
+    T = _random_unit_tril(D, M, 1)
+    q = SemiImplicitNormal(net, None, e, K, (D, M), (5,), like=T, unit_tril=T)
+    own = q.rsample()
+    for value, fresh in ((own, K), (torch.randn(5, D, M, dtype=DT), K + 1)):
+        seen.clear()
+        comps = q.component_log_prob(value)  # (5, K + 1)
+        eps = seen[0]  # the fresh noises, (5, fresh, e)
+        loc, scale = net(eps)
+        if fresh == K:  # component 0 is the one that drew the value
+            loc = torch.cat([q.own_draw[2].unsqueeze(-3), loc], -3)
+            scale = torch.cat([q.own_draw[3].unsqueeze(-3), scale], -3)
+        mvn = dist.MultivariateNormal(loc, scale_tril=T * scale.unsqueeze(-2))
+        expected = mvn.log_prob(value.unsqueeze(-3)).sum(-1)
+        assert comps.shape == (5, K + 1)
+        assert torch.allclose(comps, expected, atol=1e-10)
+
+
+def test_correlated_constant_component_draws_have_the_stated_covariance():
+    D, M = 2, 3
+    loc = torch.randn(D, M, dtype=DT)
+    scale = torch.rand(D, M, dtype=DT) + 0.5
+    net = MixingNetwork(4, 0, (6,), loc, scale, correlated=True)
+    T = _random_unit_tril(D, M, 2)
+    with torch.no_grad():
+        net.tril_raw.copy_(T - torch.eye(M, dtype=DT))
+    assert torch.equal(net.unit_tril, T)
+    q = SemiImplicitNormal(net, None, 4, 10, (D, M), (), like=loc, unit_tril=net.unit_tril)
+    gaussian = dist.MultivariateNormal(loc, scale_tril=T * scale.unsqueeze(-2))
+    other = torch.randn(7, D, M, dtype=DT)
+    assert torch.allclose(q.log_prob(other), gaussian.log_prob(other).sum(-1), atol=1e-12)
+    torch.manual_seed(0)
+    n = 40000
+    draws = q.rsample((n,))  # (n, D, M)
+    cov = gaussian.covariance_matrix  # (D, M, M)
+    centred = draws - loc
+    emp = torch.einsum("ndi,ndj->dij", centred, centred) / n
+    # the standard error of an entry of a Gaussian's sample covariance:
+    # sqrt((S_ii S_jj + S_ij^2) / n)
+    diag = torch.diagonal(cov, dim1=-2, dim2=-1)
+    se = ((diag.unsqueeze(-1) * diag.unsqueeze(-2) + cov.square()) / n).sqrt()
+    assert ((emp - cov).abs() < 4.5 * se).all(), ((emp - cov) / se).abs().max()
+    assert (cov - torch.diag_embed(diag)).abs().max() > 20 * se.max()  # T is felt
+
+
 def _step_data():
     data = dgp.datasets.step(n_train=40)
     return data.X_train, data.y_train
 
 
-def test_constant_mixing_elbo_equals_the_meanfield_elbo():
+@pytest.mark.parametrize("component_scale", ["diagonal", "tril"])
+def test_constant_mixing_elbo_equals_the_meanfield_elbo(component_scale):
     X, y = _step_data()
     model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=8)
-    si = dgp.guides.SemiImplicit(model, **SMALL)
+    si = dgp.guides.SemiImplicit(model, component_scale=component_scale, **SMALL)
     mf = dgp.guides.MeanField(model)
     g = torch.Generator().manual_seed(5)
     for name in si.layer_names:
         net = si.mixing_network(name)
         n = net.body[-1].bias.shape[0] // 2
+        D, M = si.site(name).shape
         loc = 0.2 * torch.randn(n, generator=g, dtype=DT)
         low = 0.05 if si.site(name).is_last else 0.005  # the inner draws drive the noise
         scale = low * (1 + 4 * torch.rand(n, generator=g, dtype=DT))
-        with torch.no_grad():  # a constant network: q(u^l) = N(loc, diag scale^2)
+        # a constant network: q(u^l) = N(loc, T diag scale^2 T^T), block-diagonal over outputs
+        T = torch.eye(M, dtype=DT).expand(D, M, M)
+        if component_scale == "tril":
+            T = torch.eye(M, dtype=DT) + 0.5 * torch.randn(D, M, M, generator=g,
+                                                           dtype=DT).tril(-1)
+            with torch.no_grad():
+                net.tril_raw.copy_(T)
+        with torch.no_grad():
             net.body[-1].bias.copy_(torch.cat([loc, scale.expm1().log()]))
-        mf.set_q(dist.MultivariateNormal(loc, scale_tril=torch.diag(scale)), layer=name)
+        blocks = T * scale.reshape(D, 1, M)
+        mf.set_q(dist.MultivariateNormal(loc, scale_tril=torch.block_diag(*blocks)), layer=name)
     a = dgp.elbo(model, si, X, y, num_particles=200, seed=1)
     b = dgp.elbo(model, mf, X, y, num_particles=50, seed=2)
     assert math.isfinite(a.value) and math.isfinite(b.value)
     assert abs(a.value - b.value) < 4 * math.hypot(a.stderr, b.stderr) + 1e-9, (a, b)
     assert a.stderr < 1.0  # fine enough to see a missing log(K + 1) per layer (2 log 11)
+
+
+def _f_marginal(guide, X):
+    """The guide's marginal ``(loc, scale)`` of the only layer's ``f`` at ``X``."""
+    trace = poutine.trace(guide).get_trace(X)
+    fn = trace.nodes["layer1.f"]["fn"]
+    while not isinstance(fn, dist.Normal):
+        fn = fn.base_dist
+    return fn.loc, fn.scale
+
+
+def test_collapsed_last_layer_integrates_the_correlated_component():
+    # one layer, a constant network: f's collapsed marginal is the Gaussian guide's with
+    # q(u) = N(loc, T diag scale^2 T^T)
+    X, y = _step_data()
+    model = dgp.DeepGP.regression(X, y, num_layers=1, num_inducing=8)
+    si = dgp.guides.SemiImplicit(model, component_scale="tril", **SMALL)
+    mf = dgp.guides.MeanField(model)
+    net = si.mixing_network("layer1")
+    g = torch.Generator().manual_seed(7)
+    M = si.site("layer1").shape[-1]
+    loc = torch.randn(M, generator=g, dtype=DT)
+    scale = 0.3 + torch.rand(M, generator=g, dtype=DT)
+    T = torch.eye(M, dtype=DT) + 0.7 * torch.randn(M, M, generator=g, dtype=DT).tril(-1)
+    with torch.no_grad():
+        net.body[-1].bias.copy_(torch.cat([loc, scale.expm1().log()]))
+        net.tril_raw.copy_(T.unsqueeze(0))
+    mf.set_q(dist.MultivariateNormal(loc, scale_tril=T * scale), layer="layer1")
+    (a_loc, a_scale), (b_loc, b_scale) = _f_marginal(si, X), _f_marginal(mf, X)
+    assert torch.allclose(a_loc.reshape(-1), b_loc.reshape(-1), atol=1e-10)
+    assert torch.allclose(a_scale.reshape(-1), b_scale.reshape(-1), atol=1e-10)
 
 
 # ----------------------------------------------------------------- deep GPs
@@ -238,6 +342,7 @@ def test_float32_runs():
     ({"hidden": 100}, "hidden"),
     ({"structured": "yes"}, "structured"),
     ({"inner_variance": 0.0}, "inner_variance"),
+    ({"component_scale": "full"}, "component_scale"),
 ])
 def test_bad_arguments_are_named(kwargs, match):
     X, y = _step_data()

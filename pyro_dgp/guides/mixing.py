@@ -4,14 +4,18 @@ al. 2019).
 A semi-implicit distribution mixes an explicit Gaussian over a noise variable that the
 density never needs:
 
-    q(u | c) = int N(u | mu(eps, c), diag sigma(eps, c)^2) N(eps | 0, I) d eps,
+    q(u | c) = int N(u | mu(eps, c), Sigma(eps, c)) N(eps | 0, I) d eps,
+    Sigma(eps, c) = T diag sigma(eps, c)^2 T^T,
 
 with ``mu`` and ``sigma`` a neural network of the noise ``eps`` and of a conditioning value
-``c`` (the layer below's inducing outputs in a deep GP). Its log-density is intractable; with
-``u`` drawn from the component of ``eps_0`` and ``K`` further independent draws
-``eps_1..eps_K``,
+``c`` (the layer below's inducing outputs in a deep GP), and ``T`` the identity (the diagonal
+components of Yin and Zhou 2018 and Molchanova et al. 2019) or a learned unit lower-triangular
+matrix per output, shared by all components (correlated components: every Gaussian, one
+``T``, is such a component, so the family then contains the full-covariance Gaussian guide).
+Its log-density is intractable; with ``u`` drawn from the component of ``eps_0`` and ``K``
+further independent draws ``eps_1..eps_K``,
 
-    log q_K(u | c) = log (1 / (K + 1)) sum_{k=0}^K N(u | mu(eps_k, c), diag sigma(eps_k, c)^2)
+    log q_K(u | c) = log (1 / (K + 1)) sum_{k=0}^K N(u | mu(eps_k, c), Sigma(eps_k, c))
 
 has ``E[log q_K] >= E[log q]``: its negative expectation is a lower bound on the entropy
 that tightens as ``K`` grows (Yin and Zhou 2018; Molchanov et al. 2019), so in an ELBO it
@@ -35,6 +39,8 @@ import torch
 from pyro.distributions import constraints
 from pyro.nn import PyroModule
 from pyro.nn.module import to_pyro_module_
+
+from .gaussian import tril_matvec
 
 __all__ = ["FanInLinear", "MixingNetwork", "SemiImplicitNormal", "surrogate_log_prob"]
 
@@ -82,10 +88,12 @@ class MixingNetwork(PyroModule):
     :param hidden: the widths of the hidden layers (at least one).
     :param init_loc: ``(D, M)``; :param init_scale: ``(D, M)`` positive; their dtype and
         device are the network's.
+    :param correlated: also learn :attr:`unit_tril`, the factor ``T`` of the module
+        docstring (starts at the identity).
     """
 
     def __init__(self, noise_dim: int, cond_dim: int, hidden: Sequence[int],
-                 init_loc: torch.Tensor, init_scale: torch.Tensor):
+                 init_loc: torch.Tensor, init_scale: torch.Tensor, correlated: bool = False):
         super().__init__()
         if not hidden:
             raise ValueError("MixingNetwork: hidden must hold at least one layer width")
@@ -106,7 +114,20 @@ class MixingNetwork(PyroModule):
             self.body[-1].weight.zero_()
             self.body[-1].bias.copy_(torch.cat([init_loc.reshape(n),
                                                 _inverse_softplus(init_scale.reshape(n))]))
+        D, M = self.shape
+        # T's entries below the diagonal (those above are never read)
+        self.tril_raw = torch.nn.Parameter(torch.zeros(D, M, M, **like)) if correlated \
+            else None
         to_pyro_module_(self)
+
+    @property
+    def unit_tril(self) -> torch.Tensor | None:
+        """``T (D, M, M)``, unit lower-triangular, shared by every component; ``None`` for
+        diagonal components (``T = I``)."""
+        raw = self.tril_raw
+        if raw is None:
+            return None
+        return raw.tril(-1) + torch.eye(raw.shape[-1], dtype=raw.dtype, device=raw.device)
 
     def forward(self, eps: torch.Tensor, cond: torch.Tensor | None = None):
         """``eps (..., noise_dim)``, ``cond (..., cond_dim)`` broadcast against each other ->
@@ -141,6 +162,8 @@ class SemiImplicitNormal(dist.TorchDistribution):
     :param on_draw: called as ``on_draw(self, value)`` after each ``rsample`` (a guide keeps
         the instance that drew, which Pyro's plates create by :meth:`expand`).
     :param like: a tensor whose dtype and device the noise takes (default: ``cond``'s).
+    :param unit_tril: ``T (D, M, M)`` unit lower-triangular, the components' shared factor
+        (module docstring), or ``None`` for diagonal components.
     """
 
     arg_constraints: dict = {}
@@ -149,16 +172,17 @@ class SemiImplicitNormal(dist.TorchDistribution):
 
     def __init__(self, net: Callable, cond: torch.Tensor | None, noise_dim: int,
                  num_mixing: int, event_shape, batch_shape=(), score: Callable | None = None,
-                 on_draw: Callable | None = None, like: torch.Tensor | None = None):
+                 on_draw: Callable | None = None, like: torch.Tensor | None = None,
+                 unit_tril: torch.Tensor | None = None):
         self.net, self.cond, self.noise_dim, self.num_mixing = net, cond, noise_dim, num_mixing
-        self.score, self.on_draw, self.like = score, on_draw, like
+        self.score, self.on_draw, self.like, self.unit_tril = score, on_draw, like, unit_tril
         self.own_draw: tuple | None = None  # (value, eps_0, loc, scale) of the latest rsample
         super().__init__(torch.Size(batch_shape), torch.Size(event_shape), validate_args=False)
 
     def expand(self, batch_shape, _instance=None):
         return SemiImplicitNormal(self.net, self.cond, self.noise_dim, self.num_mixing,
                                   self.event_shape, batch_shape, self.score, self.on_draw,
-                                  self.like)
+                                  self.like, self.unit_tril)
 
     def _noise(self, shape) -> torch.Tensor:
         ref = self.like if self.like is not None else self.cond
@@ -169,7 +193,8 @@ class SemiImplicitNormal(dist.TorchDistribution):
         shape = torch.Size(sample_shape) + self.batch_shape
         eps = self._noise(shape)
         loc, scale = self.net(eps, self.cond)
-        value = loc + scale * torch.randn_like(loc)
+        white = scale * torch.randn_like(loc)
+        value = loc + (white if self.unit_tril is None else tril_matvec(self.unit_tril, white))
         self.own_draw = (value, eps, loc, scale)
         if self.on_draw is not None:
             self.on_draw(self, value)
@@ -181,9 +206,16 @@ class SemiImplicitNormal(dist.TorchDistribution):
         own = self.own_draw
         return (own[2], own[3]) if own is not None and value is own[0] else None
 
+    def scale_tril(self, scale: torch.Tensor) -> torch.Tensor:
+        """``(..., D, M, M)``: the Cholesky factor ``T diag(scale)`` of a component whose
+        network scale is ``scale (..., D, M)``."""
+        if self.unit_tril is None:
+            return torch.diag_embed(scale)
+        return self.unit_tril * scale.unsqueeze(-2)
+
     def component_log_prob(self, value: torch.Tensor) -> torch.Tensor:
-        """``(*batch, K + 1)``: ``log N(value | mu(eps_k, c), diag sigma(eps_k, c)^2)``
-        summed over the event ``(D, M)``, with ``k = 0`` the noise that drew ``value``."""
+        """``(*batch, K + 1)``: ``log N(value | mu(eps_k, c), Sigma(eps_k, c))`` over the
+        event ``(D, M)`` (module docstring), with ``k = 0`` the noise that drew ``value``."""
         batch = value.shape[:-2]
         if self.cond is not None:
             batch = torch.broadcast_shapes(batch, self.cond.shape[:-1])
@@ -195,7 +227,14 @@ class SemiImplicitNormal(dist.TorchDistribution):
             loc = torch.cat([own[0].expand(batch + own[0].shape[-2:]).unsqueeze(-3), loc], -3)
             scale = torch.cat([own[1].expand(batch + own[1].shape[-2:]).unsqueeze(-3), scale],
                               -3)
-        z = (value.unsqueeze(-3) - loc) / scale
+        resid = value.unsqueeze(-3) - loc  # (*batch, K + 1, D, M)
+        if self.unit_tril is not None:  # T^-1 (u - mu_k): one solve over every component
+            D, M = resid.shape[-2:]
+            cols = resid.reshape(-1, D, M).permute(1, 2, 0)  # (D, M, batch (K + 1))
+            cols = torch.linalg.solve_triangular(self.unit_tril, cols, upper=False,
+                                                 unitriangular=True)
+            resid = cols.permute(2, 0, 1).reshape(resid.shape)
+        z = resid / scale  # log det T = 0
         log_n = -0.5 * z.square() - scale.log() - 0.5 * math.log(2 * math.pi)
         return log_n.sum((-2, -1))
 

@@ -20,7 +20,8 @@ from .coupled import Coupled
 from .meanfield import MeanField
 from .semi_implicit import SemiImplicit
 
-__all__ = ["GUIDES", "LOCAL_INDUCING_GUIDES", "has_local_inducing", "make_guide"]
+__all__ = ["GUIDES", "LOCAL_INDUCING_GUIDES", "SEMI_IMPLICIT_GUIDES", "has_local_inducing",
+           "make_guide"]
 
 _AUTO = {
     "autonormal": autoguide.AutoNormal,
@@ -51,6 +52,8 @@ GUIDES = {
     "ssivi": "structured semi-implicit: neural mixing per layer, conditioned on the layer "
              "below (SSIVI)",
     "sivi": "semi-implicit over the same family with the looser SIVI bound",
+    "ssivi-tril": "SSIVI whose components carry correlations: covariance T diag(sigma^2) T^T, "
+                  "T learned per layer",
     "amortized-ar1": "amortized encoder per layer, per-point inducing points, own U per path "
                      "(AVDGP AR1; needs an AmortizedGPLayer model)",
     "amortized-ar2": "amortized, U shared by the paths at their mean input (AVDGP AR2; needs "
@@ -60,6 +63,9 @@ GUIDES = {
     "amortized-ar2pp": "AR2P trained with the predictive objective (AVDGP AR2PP; needs an "
                        "AmortizedGPLayer model)",
 }
+
+#: the semi-implicit guides (no Gaussian ``q(u)``, no tractable ``log q``)
+SEMI_IMPLICIT_GUIDES = frozenset({"ssivi", "sivi", "ssivi-tril"})
 
 #: the guides that need a model of ``AmortizedGPLayer``\ s (and refuse any other)
 LOCAL_INDUCING_GUIDES = frozenset(_AMORTIZED)
@@ -106,8 +112,9 @@ def make_guide(name: str, model):
     _check_fits(name, model)
     if name in _AMORTIZED:
         return Amortized(model, rule=_AMORTIZED[name])
-    if name in ("ssivi", "sivi"):
-        return SemiImplicit(model, structured=name == "ssivi")
+    if name in SEMI_IMPLICIT_GUIDES:
+        return SemiImplicit(model, structured=name != "sivi",
+                            component_scale="tril" if name == "ssivi-tril" else "diagonal")
     if name in _AUTO:
         return complete(_AUTO[name](inducing_only(model)), model)
     return {

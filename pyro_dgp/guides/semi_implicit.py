@@ -4,11 +4,13 @@ Molchanova et al. 2019, eq. 32-35), and plain SIVI (Yin and Zhou 2018) over the 
 The family is a chain of semi-implicit conditionals (:mod:`pyro_dgp.guides.mixing`):
 
     q(u^1..u^L) = q(u^1) prod_{l>=2} q(u^l | u^{l-1}),
-    q(u^l | u^{l-1}) = int N(u^l | mu_l(eps^l, u^{l-1}), diag sigma_l(eps^l, u^{l-1})^2)
+    q(u^l | u^{l-1}) = int N(u^l | mu_l(eps^l, u^{l-1}), T_l diag sigma_l(eps^l, u^{l-1})^2 T_l^T)
                        N(eps^l | 0, I) d eps^l,
 
 ``mu_l, sigma_l`` one :class:`~pyro_dgp.guides.mixing.MixingNetwork` per layer, of the noise
-and of ``vec u^{l-1}`` (in the layer below's own, whitened or not, coordinates). ``log q`` is
+and of ``vec u^{l-1}`` (in the layer below's own, whitened or not, coordinates), and ``T_l``
+the identity (diagonal components, as the paper) or, with ``component_scale="tril"``, a
+learned unit lower-triangular matrix per output shared by the components. ``log q`` is
 intractable; each ``<layer>.u`` site scores its draw by the surrogate with ``K`` extra noise
 draws, so Pyro's ``Trace_ELBO`` (and every objective that reads the guide's log-densities)
 estimates the bound
@@ -22,7 +24,7 @@ grows, and for the same parameters ``E L_K(SSIVI) >= E L_K(SIVI)`` (Theorem 1).
 
 Estimator of ``E_q log p(y | f^L)``: ``f^l`` of the inner layers is drawn from the model's
 conditional given the drawn ``u^l`` (the sampled-u estimator). Given its noise ``eps^L_0``
-and ``u^{L-1}``, ``u^L`` is Gaussian ``N(mu_L, diag sigma_L^2)`` and independent of
+and ``u^{L-1}``, ``u^L`` is Gaussian ``N(mu_L, T_L diag sigma_L^2 T_L^T)`` and independent of
 ``f^{L-1}``, so with ``collapse_last=True`` (default) the last layer's ``f^L`` is drawn from
 the collapsed marginal with ``u^L`` integrated out (exact; lower variance), and its Gaussian
 goes to the likelihood (analytic for a Gaussian likelihood). The drawn ``u^L`` still enters
@@ -100,6 +102,11 @@ class SemiImplicit(LayerGuide):
     :param inner_variance: the initial variance of ``q(u^l)`` of the inner layers, as for
         :class:`~pyro_dgp.guides.MeanField` (the last layer starts at the prior's scale).
     :param collapse_last: integrate the last layer's ``u`` out of ``f`` (module docstring).
+    :param component_scale: ``"diagonal"`` (the paper's components, default) or ``"tril"``:
+        each component's covariance ``T_l diag sigma_l^2 T_l^T`` with ``T_l`` learned (a
+        ``(D, M, M)`` unit lower-triangular parameter per layer, starting at ``I``), so that
+        the mixture's components carry the correlations of ``u^l``'s posterior and the
+        family contains the Gaussian guides with full covariance per layer.
 
     At the start every network's output layer is zero, so ``q`` is the Gaussian
     ``prod_l N(m_l, diag s_l^2)`` with ``MeanField``'s initial means and marginal scales.
@@ -116,7 +123,8 @@ class SemiImplicit(LayerGuide):
 
     def __init__(self, model, structured: bool = True, num_mixing: int = 100,
                  noise_dim: int = 100, hidden: Sequence[int] = (100, 100, 100),
-                 inner_variance: float = 1e-5, collapse_last: bool = True, name=None):
+                 inner_variance: float = 1e-5, collapse_last: bool = True,
+                 component_scale: str = "diagonal", name=None):
         super().__init__(model, name=name)
         if not isinstance(structured, bool):
             raise TypeError(f"SemiImplicit: structured must be True (SSIVI) or False (SIVI), "
@@ -132,6 +140,10 @@ class SemiImplicit(LayerGuide):
         self.inner_variance = check_positive_finite(inner_variance,
                                                     "SemiImplicit: inner_variance")
         self.collapse_last = bool(collapse_last)
+        if component_scale not in ("diagonal", "tril"):
+            raise ValueError(f"SemiImplicit: component_scale must be 'diagonal' or 'tril', got "
+                             f"{component_scale!r}")
+        self.component_scale = component_scale
         self.nets = PyroModule()
 
     # ------------------------------------------------------------------- parameters
@@ -142,7 +154,8 @@ class SemiImplicit(LayerGuide):
             row_norms = initial_scale_tril(site, self.inner_variance).square().sum(-1).sqrt()
             scale = row_norms.expand(site.shape).clone()
             cond_dim = 0 if site.index == 0 else sites[site.index - 1].shape.numel()
-            net = MixingNetwork(self.noise_dim, cond_dim, self.hidden, loc, scale)
+            net = MixingNetwork(self.noise_dim, cond_dim, self.hidden, loc, scale,
+                                correlated=self.component_scale == "tril")
             deep_setattr(self.nets, self._key(site), net)
 
     @staticmethod
@@ -179,7 +192,7 @@ class SemiImplicit(LayerGuide):
         like = net.body[-1].bias
         score = None if self.structured else self._sivi_score(site, run)
         q = SemiImplicitNormal(net, cond, self.noise_dim, self.num_mixing, site.shape,
-                               score=score, on_draw=on_draw, like=like)
+                               score=score, on_draw=on_draw, like=like, unit_tril=net.unit_tril)
         record.dist = q
         return q
 
@@ -201,13 +214,14 @@ class SemiImplicit(LayerGuide):
 
     def f_marginal(self, site, x, u, run):
         """Inner layers, or a replayed ``u``: the model's conditional given ``u``. Last
-        layer: ``u^L`` integrated out of ``N(mu_L(eps_0), diag sigma_L(eps_0)^2)``."""
+        layer: ``u^L`` integrated out of its component ``N(mu_L(eps_0), T_L diag sigma_L(eps_0)^2
+        T_L^T)``."""
         record = run.draws.get(site.index, LayerDraw())
         if self.collapse_last and site.is_last and record.dist is not None:
             own = record.dist.own_components(record.value)
             if own is not None:
                 loc, scale = drop_data_dim(own[0]), drop_data_dim(own[1])
-                return estimators.collapsed(site, x, loc, torch.diag_embed(scale))
+                return estimators.collapsed(site, x, loc, record.dist.scale_tril(scale))
         return estimators.sampled(site, x, u)
 
     def forward(self, *args, **kwargs):
