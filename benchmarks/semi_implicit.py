@@ -16,12 +16,15 @@ Two parts, each recorded in ``benchmarks/results/semi_implicit.jsonl``:
     compositional toy of Ustyuzhaninov et al. 2020 (SE warp then a periodic layer, the model of
     ``benchmarks/compositional.py``) at a size NUTS can sample (``--comp-train`` points,
     ``--comp-inducing`` inducing inputs per layer, fixed). One figure per toy under ``docs/``:
-    each guide's predictive (and first layer) beside NUTS's. The amortized guides need a model
-    of ``AmortizedGPLayer``\\ s, another prior, so they have no place beside this gold standard.
+    each guide's predictive (and first layer) beside NUTS's. ``ssivi-tril`` is SSIVI with
+    correlated components (``SemiImplicit(component_scale="tril")``). The amortized guides
+    need a model of ``AmortizedGPLayer``\\ s, another prior, so they have no place beside this
+    gold standard.
 
 ``--part uci``
-    SSIVI against MeanField on boston and energy, DGP 2, through ``benchmarks/uci.py`` (its
-    runs, its protocol apart from the step count; its per-run records go to ``--work-dir``),
+    SSIVI against MeanField on boston and energy (``--uci-guides``: also ``ssivi-tril``), DGP 2,
+    through ``benchmarks/uci.py`` (its runs, its protocol apart from the step count; its
+    per-run records go to ``--work-dir``),
     one line per dataset and guide: test log-likelihood and RMSE, mean (standard error) over
     the splits; where every split's loss became NaN, the scores at the last finite step
     (``*_at_divergence``) and the steps reached (``nan_at_steps``).
@@ -53,8 +56,11 @@ ROOT = Path(__file__).resolve().parents[1]
 DT = torch.float64
 
 #: the guides compared, by registry name (``pyro_dgp.guides.registry``; the semi-implicit
-#: ones at the paper's settings: K = 100, 100-dimensional noise, three hidden layers of 100)
-GUIDES = ("meanfield", "coupled", "chain", "sivi", "ssivi")
+#: ones at the paper's settings: K = 100, 100-dimensional noise, three hidden layers of 100;
+#: ``ssivi-tril`` with correlated components)
+GUIDES = ("meanfield", "coupled", "chain", "sivi", "ssivi", "ssivi-tril")
+#: the guides of the UCI part
+UCI_GUIDES = ("meanfield", "ssivi", "ssivi-tril")
 
 
 # ----------------------------------------------------------------------------------- toys
@@ -197,15 +203,15 @@ def _plot(name: str, X, y, grid, panels: dict, path: Path) -> Path:
 
 # ------------------------------------------------------------------------------------ UCI
 def run_uci(args) -> list[tuple[dict, dict]]:
-    """SSIVI and MeanField on ``args.datasets`` (DGP 2, ``args.splits`` splits) through
-    ``benchmarks/uci.py``; one record per dataset and guide."""
+    """``args.uci_guides`` (default SSIVI and MeanField) on ``args.datasets`` (DGP 2,
+    ``args.splits`` splits) through ``benchmarks/uci.py``; one record per dataset and guide."""
     import uci
 
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     out = work / "uci_runs.jsonl"
     records = []
-    for guide in ("meanfield", "ssivi"):
+    for guide in args.uci_guides:
         argv = ["--datasets", *args.datasets, "--layers", "2", "--guide", guide,
                 "--splits", str(args.splits), "--steps", str(args.uci_steps),
                 "--device", str(args.device), "--out", str(out), "--no-record", "--quiet",
@@ -217,7 +223,7 @@ def run_uci(args) -> list[tuple[dict, dict]]:
     runs = [r for r in uci.read_records(out) if r.get("status") in ("ok", "diverged")
             and r["settings"]["steps"] == args.uci_steps and r["layers"] == 2]
     for (ds, _, label, guide, *_), recs in uci.group_by_configuration(runs).items():
-        if ds not in args.datasets or guide not in ("meanfield", "ssivi"):
+        if ds not in args.datasets or guide not in args.uci_guides:
             continue
         ok = [r for r in recs if r["status"] == "ok"]
         diverged = [r for r in recs if r["status"] == "diverged"]
@@ -268,6 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--comp-variance", type=float, default=1e-2,
                    help="likelihood variance of the compositional toy's model (fixed)")
     p.add_argument("--datasets", nargs="+", default=["boston", "energy"])
+    p.add_argument("--uci-guides", nargs="+", choices=UCI_GUIDES,
+                   default=["meanfield", "ssivi"], help="the guides of the UCI part")
     p.add_argument("--splits", type=int, default=3, help="the first n splits (UCI)")
     p.add_argument("--uci-steps", type=int, default=20000,
                    help="Adam steps per UCI run (the protocol's 20,000 by default)")
