@@ -176,7 +176,8 @@ class SemiImplicitNormal(dist.TorchDistribution):
                  unit_tril: torch.Tensor | None = None):
         self.net, self.cond, self.noise_dim, self.num_mixing = net, cond, noise_dim, num_mixing
         self.score, self.on_draw, self.like, self.unit_tril = score, on_draw, like, unit_tril
-        self.own_draw: tuple | None = None  # (value, eps_0, loc, scale) of the latest rsample
+        # (value, eps_0, loc, scale, white = T^-1 (value - loc)) of the latest rsample
+        self.own_draw: tuple | None = None
         super().__init__(torch.Size(batch_shape), torch.Size(event_shape), validate_args=False)
 
     def expand(self, batch_shape, _instance=None):
@@ -195,7 +196,7 @@ class SemiImplicitNormal(dist.TorchDistribution):
         loc, scale = self.net(eps, self.cond)
         white = scale * torch.randn_like(loc)
         value = loc + (white if self.unit_tril is None else tril_matvec(self.unit_tril, white))
-        self.own_draw = (value, eps, loc, scale)
+        self.own_draw = (value, eps, loc, scale, white)
         if self.on_draw is not None:
             self.on_draw(self, value)
         return value
@@ -219,22 +220,30 @@ class SemiImplicitNormal(dist.TorchDistribution):
         batch = value.shape[:-2]
         if self.cond is not None:
             batch = torch.broadcast_shapes(batch, self.cond.shape[:-1])
-        own = self.own_components(value)
-        fresh = self._noise(batch + (self.num_mixing + (own is None),))
+        own = self.own_components(value) is not None
+        fresh = self._noise(batch + (self.num_mixing + (not own),))
         cond = None if self.cond is None else self.cond.unsqueeze(-2)  # over the K draws
         loc, scale = self.net(fresh, cond)  # (*batch, K or K + 1, D, M)
-        if own is not None:
-            loc = torch.cat([own[0].expand(batch + own[0].shape[-2:]).unsqueeze(-3), loc], -3)
-            scale = torch.cat([own[1].expand(batch + own[1].shape[-2:]).unsqueeze(-3), scale],
-                              -3)
-        resid = value.unsqueeze(-3) - loc  # (*batch, K + 1, D, M)
-        if self.unit_tril is not None:  # T^-1 (u - mu_k): one solve over every component
+
+        def with_own(own_part, fresh_part):  # the drawing component first
+            own_part = own_part.expand(batch + own_part.shape[-2:]).unsqueeze(-3)
+            return torch.cat([own_part, fresh_part], -3)
+
+        if self.unit_tril is None:
+            if own:
+                loc, scale = with_own(self.own_draw[2], loc), with_own(self.own_draw[3], scale)
+            resid = value.unsqueeze(-3) - loc
+        else:  # T^-1 (u - mu_k): one solve over every fresh component
+            resid = value.unsqueeze(-3) - loc
             D, M = resid.shape[-2:]
-            cols = resid.reshape(-1, D, M).permute(1, 2, 0)  # (D, M, batch (K + 1))
+            cols = resid.reshape(-1, D, M).permute(1, 2, 0)  # (D, M, batch K)
             cols = torch.linalg.solve_triangular(self.unit_tril, cols, upper=False,
                                                  unitriangular=True)
             resid = cols.permute(2, 0, 1).reshape(resid.shape)
-        z = resid / scale  # log det T = 0
+            if own:  # the drawing component's T^-1 (u - mu_0) is its own noise: no solve
+                resid, scale = with_own(self.own_draw[4], resid), with_own(self.own_draw[3],
+                                                                          scale)
+        z = resid / scale  # (*batch, K + 1, D, M); log det T = 0
         log_n = -0.5 * z.square() - scale.log() - 0.5 * math.log(2 * math.pi)
         return log_n.sum((-2, -1))
 
