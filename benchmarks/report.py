@@ -262,6 +262,38 @@ def table(benchmark: str, records: list[dict]) -> list[str]:
     return head + lines + [""] + [f"[{i}] {p}" for i, p in enumerate(provenance, 1)] + [""]
 
 
+def alpha_summary(records: list[dict]) -> list[str]:
+    """The UCI rows of the local alpha objective at 5,000 steps over 3 splits side by side: one
+    line per data set and guide, one column per alpha, each cell ``test log-lik (se) / RMSE``,
+    the line's best log-likelihood in bold (issue 21's question: which alpha to recommend)."""
+    by_line: dict[tuple, dict] = {}
+    for rec in records:
+        settings, figures = rec["settings"], rec.get("figures") or {}
+        objective = str(settings.get("objective") or "")
+        if (not objective.startswith("alpha=") or settings.get("steps") != 5000
+                or figures.get("splits") != 3 or figures.get("test_loglik") is None):
+            continue
+        alpha = float(objective.split(",")[0].removeprefix("alpha="))
+        by_line.setdefault((settings["dataset"], settings["guide"]), {})[alpha] = figures
+    if not by_line:
+        return []
+    alphas = sorted({a for line in by_line.values() for a in line})
+    lines = ["The local alpha objective, the rows above side by side (DGP 2, 5,000 steps, 3 "
+             "splits): test log-lik (se) / RMSE; in bold the best log-lik of each line.", "",
+             _row(["dataset", "guide", *[f"alpha {number(a)}" for a in alphas]]),
+             "|" + "---|" * (2 + len(alphas))]
+    for (dataset, guide), line in sorted(by_line.items()):
+        best = max(line, key=lambda a: line[a]["test_loglik"])
+        cells = []
+        for a in alphas:
+            f = line.get(a)
+            text = "" if f is None else (f"{f['test_loglik']:.3f} ({f['test_loglik_se']:.3f}) / "
+                                         f"{f['rmse']:.3g}")
+            cells.append(f"**{text}**" if f is not None and a == best else text)
+        lines.append(_row([dataset, guide, *cells]))
+    return lines + [""]
+
+
 def _machines(records: list[dict]) -> str:
     names = set()
     for rec in records:
@@ -294,6 +326,8 @@ def render(directory: Path) -> str:
                 f"All records: {_link(directory / f'{name}.jsonl')}. "
                 f"Machines of these rows: {_machines(records)}.", ""]
         out += table(name, records)
+        if name == "uci":
+            out += alpha_summary(records)
     return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).rstrip() + "\n"
 
 

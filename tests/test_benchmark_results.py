@@ -120,3 +120,21 @@ def test_records_copied_from_the_log_point_at_their_figures():
 def test_benchmarks_md_is_generated_from_the_recorded_results():
     assert report.main(["--check", "--results-dir", str(RESULTS)]) == 0, (
         "BENCHMARKS.md is stale: run python benchmarks/report.py")
+
+
+def test_alpha_summary_puts_the_alphas_side_by_side_and_marks_the_best():
+    def rec(dataset, alpha, loglik, steps=5000, splits=3):
+        return {"settings": {"dataset": dataset, "guide": "meanfield", "steps": steps,
+                             "objective": f"alpha={alpha},S=10"},
+                "figures": {"splits": splits, "test_loglik": loglik, "test_loglik_se": 0.01,
+                            "rmse": 0.5}}
+    records = [rec("b", 0.5, -1.0), rec("b", 1, -1.2), rec("a", 0.001, 2.0), rec("a", 1, 2.5),
+               rec("a", 0.5, 9.0, steps=1000), rec("a", 0.5, 9.0, splits=2),
+               {"settings": {"dataset": "a", "guide": "meanfield", "steps": 5000,
+                             "objective": "elbo"}, "figures": {"splits": 3, "test_loglik": 9.0}}]
+    lines = report.alpha_summary(records)
+    assert lines[2] == "| dataset | guide | alpha 0.001 | alpha 0.5 | alpha 1.0 |"
+    assert lines[4] == "| a | meanfield | 2.000 (0.010) / 0.5 |  | **2.500 (0.010) / 0.5** |"
+    assert lines[5] == "| b | meanfield |  | **-1.000 (0.010) / 0.5** | -1.200 (0.010) / 0.5 |"
+    assert len(lines) == 7 and lines[-1] == ""
+    assert report.alpha_summary(records[4:]) == []
