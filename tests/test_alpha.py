@@ -34,7 +34,7 @@ def _guide(name, model):
 
 
 @pytest.mark.parametrize("name", ["MeanField", "sampled", "Coupled", "Chain", "autonormal",
-                                  "ssivi", "ssivi-tril"])
+                                  "ssivi", pytest.param("ssivi-tril", marks=pytest.mark.slow)])
 def test_alpha_to_zero_is_the_elbo_of_the_same_guide(name):
     """alpha = 1e-6: the objective's mean over draws equals the guide's ELBO within 4
     combined Monte Carlo standard errors (both estimated from independent draws)."""
