@@ -18,7 +18,7 @@ from pyro.nn import PyroModule, PyroSample
 from registry_models import model_for
 
 import pyro_dgp as dgp
-from pyro_dgp.guides.gaussian import tril_matvec
+from pyro_dgp.guides.gaussian import tril_matvec, unit_tril_solve
 from pyro_dgp.guides.registry import (
     GUIDES,
     LOCAL_INDUCING_GUIDES,
@@ -346,3 +346,18 @@ def test_tril_matvec_is_the_broadcast_product(eps_shape):
     got = tril_matvec(L, eps)
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("v_shape", [(32, 1, 4, 6), (3, 4, 6), (4, 6), (2, 1, 6)])
+def test_unit_tril_solve_inverts_the_unit_triangular_product(v_shape):
+    """T^-1 v with T (4, 6, 6) unit lower-triangular (its stored diagonal ignored): T times
+    the solution, formed with T copied per vector, gives v back."""
+    g = torch.Generator().manual_seed(1)
+    raw = torch.randn(4, 6, 6, generator=g, dtype=torch.float64).tril()
+    T = raw.tril(-1) + torch.eye(6, dtype=torch.float64)
+    v = torch.randn(v_shape, generator=g, dtype=torch.float64)
+    got = unit_tril_solve(raw, v)
+    shape = torch.broadcast_shapes(v.shape[:-1], (4,))
+    assert got.shape == shape + (6,)
+    back = (T.expand(shape + (6, 6)) @ got.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(back, v.expand_as(back), rtol=1e-12, atol=1e-12)

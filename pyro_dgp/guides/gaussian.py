@@ -13,7 +13,7 @@ from ..gp.kl import triangular_of_rows
 from .prototype import LayerSite
 
 __all__ = ["LayerGaussian", "check_size", "gaussian_parameters", "initial_scale_tril",
-           "log_density_of_noise", "mvn_site", "tril_matvec"]
+           "log_density_of_noise", "mvn_site", "tril_matvec", "unit_tril_solve"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,17 @@ def log_density_of_noise(eps: torch.Tensor, log_det_cov: torch.Tensor) -> torch.
     return -0.5 * (eps.shape[-1] * math.log(2 * math.pi) + log_det_cov + eps.square().sum(-1))
 
 
+def _apply_folded(op, L: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``op(L, V)`` column by column for ``L (*b, M, M)`` and vectors ``v (*s, *b, M)``:
+    ``(*s, *b, M)``. The dims ``*s`` left of ``L``'s are folded into the columns of one
+    ``V (*b, M, prod(s))``; broadcasting ``L`` over them instead copies it once per vector."""
+    n = v.dim() - L.dim() + 1  # the batch dims of v left of L's
+    if n <= 0 or v.shape[n:-1] != L.shape[:-2]:
+        return op(L, v.unsqueeze(-1)).squeeze(-1)
+    cols = v.reshape((-1,) + v.shape[n:]).movedim(0, -1)  # (*b, M, prod(s))
+    return op(L, cols).movedim(-1, 0).reshape(v.shape)
+
+
 def tril_matvec(L: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
     """``L e`` for ``L (*b, M, M)`` and ``eps (*s, *b, M)``: ``(*s, *b, M)``.
 
@@ -104,12 +115,16 @@ def tril_matvec(L: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
     those are folded into the columns of one product with ``L``: ``L @ eps[..., None]``
     would broadcast ``L`` over them, copying it once per draw (for ``S = 32`` particles of a
     layer with 16 outputs and ``M = 256``, 268 MB per step, most of a DS-DGP step's time)."""
-    n = eps.dim() - L.dim() + 1  # the batch dims of eps left of L's
-    if n <= 0 or eps.shape[n:-1] != L.shape[:-2]:
-        return (L @ eps.unsqueeze(-1)).squeeze(-1)
-    lead = eps.shape[:n]
-    cols = eps.reshape((-1,) + eps.shape[n:]).movedim(0, -1)  # (*b, M, prod(s))
-    return (L @ cols).movedim(-1, 0).reshape(lead + eps.shape[n:])
+    return _apply_folded(torch.matmul, L, eps)
+
+
+def unit_tril_solve(T: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``T^-1 v`` for unit lower-triangular ``T (*b, M, M)`` (its diagonal is not read) and
+    ``v (*s, *b, M)``: ``(*s, *b, M)``, the dims ``*s`` folded into one solve as in
+    :func:`tril_matvec`."""
+    def solve(L, B):
+        return torch.linalg.solve_triangular(L, B, upper=False, unitriangular=True)
+    return _apply_folded(solve, T, v)
 
 
 class _OwnDrawMVN(dist.MultivariateNormal):

@@ -40,7 +40,7 @@ from pyro.distributions import constraints
 from pyro.nn import PyroModule
 from pyro.nn.module import to_pyro_module_
 
-from .gaussian import tril_matvec
+from .gaussian import tril_matvec, unit_tril_solve
 
 __all__ = ["FanInLinear", "MixingNetwork", "SemiImplicitNormal", "surrogate_log_prob"]
 
@@ -229,20 +229,15 @@ class SemiImplicitNormal(dist.TorchDistribution):
             own_part = own_part.expand(batch + own_part.shape[-2:]).unsqueeze(-3)
             return torch.cat([own_part, fresh_part], -3)
 
-        if self.unit_tril is None:
-            if own:
-                loc, scale = with_own(self.own_draw[2], loc), with_own(self.own_draw[3], scale)
-            resid = value.unsqueeze(-3) - loc
-        else:  # T^-1 (u - mu_k): one solve over every fresh component
-            resid = value.unsqueeze(-3) - loc
-            D, M = resid.shape[-2:]
-            cols = resid.reshape(-1, D, M).permute(1, 2, 0)  # (D, M, batch K)
-            cols = torch.linalg.solve_triangular(self.unit_tril, cols, upper=False,
-                                                 unitriangular=True)
-            resid = cols.permute(2, 0, 1).reshape(resid.shape)
+        diagonal = self.unit_tril is None
+        if own and diagonal:
+            loc, scale = with_own(self.own_draw[2], loc), with_own(self.own_draw[3], scale)
+        resid = value.unsqueeze(-3) - loc
+        if not diagonal:  # T^-1 (u - mu_k), one solve over every fresh component
+            resid = unit_tril_solve(self.unit_tril, resid)
             if own:  # the drawing component's T^-1 (u - mu_0) is its own noise: no solve
-                resid, scale = with_own(self.own_draw[4], resid), with_own(self.own_draw[3],
-                                                                          scale)
+                resid = with_own(self.own_draw[4], resid)
+                scale = with_own(self.own_draw[3], scale)
         z = resid / scale  # (*batch, K + 1, D, M); log det T = 0
         log_n = -0.5 * z.square() - scale.log() - 0.5 * math.log(2 * math.pi)
         return log_n.sum((-2, -1))
