@@ -263,15 +263,16 @@ def table(benchmark: str, records: list[dict]) -> list[str]:
 
 
 def alpha_summary(records: list[dict]) -> list[str]:
-    """The UCI rows of the local alpha objective at 5,000 steps over 3 splits side by side: one
-    line per data set and guide, one column per alpha, each cell ``test log-lik (se) / RMSE``,
-    the line's best log-likelihood in bold (issue 21's question: which alpha to recommend)."""
+    """The UCI rows of the local alpha objective (DGP 2, 5,000 steps, 3 splits) side by side:
+    one line per data set and guide, one column per alpha, each cell ``test log-lik (se) /
+    RMSE``, the line's best log-likelihood in bold."""
     by_line: dict[tuple, dict] = {}
     for rec in records:
         settings, figures = rec["settings"], rec.get("figures") or {}
         objective = str(settings.get("objective") or "")
-        if (not objective.startswith("alpha=") or settings.get("steps") != 5000
-                or figures.get("splits") != 3 or figures.get("test_loglik") is None):
+        if (not objective.startswith("alpha=") or settings.get("model") != "DGP 2"
+                or settings.get("steps") != 5000 or figures.get("splits") != 3
+                or figures.get("test_loglik") is None):
             continue
         alpha = float(objective.split(",")[0].removeprefix("alpha="))
         by_line.setdefault((settings["dataset"], settings["guide"]), {})[alpha] = figures

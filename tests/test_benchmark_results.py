@@ -125,7 +125,7 @@ def test_benchmarks_md_is_generated_from_the_recorded_results():
 def test_alpha_summary_puts_the_alphas_side_by_side_and_marks_the_best():
     def rec(dataset, alpha, loglik, steps=5000, splits=3):
         return {"settings": {"dataset": dataset, "guide": "meanfield", "steps": steps,
-                             "objective": f"alpha={alpha},S=10"},
+                             "model": "DGP 2", "objective": f"alpha={alpha},S=10"},
                 "figures": {"splits": splits, "test_loglik": loglik, "test_loglik_se": 0.01,
                             "rmse": 0.5}}
     records = [rec("b", 0.5, -1.0), rec("b", 1, -1.2), rec("a", 0.001, 2.0), rec("a", 1, 2.5),

@@ -160,8 +160,9 @@ def test_correlated_components_are_the_stated_gaussians():
 
 def test_correlated_constant_component_draws_have_the_stated_covariance():
     D, M = 2, 3
-    loc = torch.randn(D, M, dtype=DT)
-    scale = torch.rand(D, M, dtype=DT) + 0.5
+    g = torch.Generator().manual_seed(3)
+    loc = torch.randn(D, M, generator=g, dtype=DT)
+    scale = torch.rand(D, M, generator=g, dtype=DT) + 0.5
     net = MixingNetwork(4, 0, (6,), loc, scale, correlated=True)
     T = _random_unit_tril(D, M, 2)
     with torch.no_grad():
