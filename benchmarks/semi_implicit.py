@@ -15,7 +15,11 @@ Two parts, each recorded in ``benchmarks/results/semi_implicit.jsonl``:
     apart.) Toys: the seven-point toy of Havasi et al. 2018 (``gold.two_mode_model``), and the
     compositional toy of Ustyuzhaninov et al. 2020 (SE warp then a periodic layer, the model of
     ``benchmarks/compositional.py``) at a size NUTS can sample (``--comp-train`` points,
-    ``--comp-inducing`` inducing inputs per layer, fixed). One figure per toy under ``docs/``:
+    ``--comp-inducing`` inducing inputs per layer, fixed). The issue's "step toy of
+    Ustyuzhaninov et al. 2020" is taken as that paper's compositional toy, the only
+    one-dimensional toy it fits (an SE warp then a periodic layer, its §5 and Fig. 5; it has
+    no step-function toy), while step-shaped data (``y = sign(x)``) are the seven-point toy of
+    Havasi et al. 2018 above. One figure per toy under ``docs/``:
     each guide's predictive (and first layer) beside NUTS's. ``ssivi-tril`` is SSIVI with
     correlated components (``SemiImplicit(component_scale="tril")``). The amortized guides
     need a model of ``AmortizedGPLayer``\\ s, another prior, so they have no place beside this

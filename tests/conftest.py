@@ -35,6 +35,17 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def boston_data():
+    """Skips the test unless UCI boston can be read (``PYRO_DGP_DATA``, as CI sets it)."""
+    from pyro_dgp import datasets
+    try:
+        datasets.load("boston", split=0, download=False)
+    except FileNotFoundError:
+        pytest.skip("UCI data missing: set PYRO_DGP_DATA to the folder holding "
+                    "uci/bostonHousing (e.g. ../shared/data)")
+
+
+@pytest.fixture
 def float64_local_params():
     """Parameters built in float64 (so a variance of 0.3 is 0.3, not its float32 rounding) and
     kept module-local (no aliasing of same-named parameters across likelihood instances)."""

@@ -1,18 +1,27 @@
 """Amortized guides with input-dependent inducing points (Meng and Zhang 2024): the model-side
 AmortizedGPLayer, the Amortized guide (AR1, AR2, AR2P, AR2PP) and AmortizedELBO, checked
-against closed forms computed here from the definitions."""
+against closed forms computed here from the definitions; user encoders (diagonal and full
+Cholesky scales, their parameters and their errors); predictions, DataTree, layer summary and
+plots of amortized fits."""
 
 import math
+from pathlib import Path
 
+import matplotlib
+import matplotlib.image as mpimg
+import matplotlib.pyplot as plt
 import numpy as np
 import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from matplotlib.figure import Figure
 from pyro.infer import SVI, Trace_ELBO
-from pyro.nn import PyroModule
+from pyro.nn import PyroModule, PyroParam
+from torch.distributions import MultivariateNormal, Normal, kl_divergence
 
 import pyro_dgp as dgp
+from pyro_dgp.diagnostics import layer_variance, plot_diagnostics
 from pyro_dgp.infer.alpha import LocalAlpha
 from pyro_dgp.infer.elbo import AnalyticKL_ELBO
 from pyro_dgp.likelihoods import standard_normal_rule
@@ -37,6 +46,42 @@ class PriorEncoder(torch.nn.Module):
     def forward(self, p):
         shape = p.shape[:-1] + (self.D, self.M)
         return p.new_zeros(shape), p.new_ones(shape)
+
+
+class CholeskyEncoder(torch.nn.Module):
+    """A plain module with parameters and a full Cholesky factor: ``loc_n = W p_n + b``
+    (one ``(D, M)`` block per point), ``L = tril(R, -1) + diag(exp(r))`` the same for every
+    point."""
+
+    def __init__(self, D_in, D, M, seed=0):
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self.D, self.M = D, M
+        self.weight = torch.nn.Parameter(0.5 * torch.randn(D_in, D * M, generator=gen, dtype=DT))
+        self.bias = torch.nn.Parameter(0.5 * torch.randn(D * M, generator=gen, dtype=DT))
+        self.lower = torch.nn.Parameter(0.4 * torch.randn(D, M, M, generator=gen, dtype=DT))
+        self.log_diag = torch.nn.Parameter(0.3 * torch.randn(D, M, generator=gen, dtype=DT))
+
+    def forward(self, p):
+        loc = (p @ self.weight + self.bias).reshape(p.shape[:-1] + (self.D, self.M))
+        L = self.lower.tril(-1) + torch.diag_embed(self.log_diag.exp())
+        return loc, L.expand(p.shape[:-1] + L.shape)
+
+
+class PyroDiagonalEncoder(PyroModule):
+    """A ``PyroModule`` with ``PyroParam``\\ s: ``loc_n = W p_n``, a positive diagonal scale
+    (constrained) shared by the points."""
+
+    def __init__(self, D_in, D, M):
+        super().__init__()
+        self.D, self.M = D, M
+        self.weight = PyroParam(torch.linspace(-1, 1, D_in * D * M, dtype=DT).reshape(D_in, -1))
+        self.scale = PyroParam(torch.full((D, M), 0.7, dtype=DT),
+                               constraint=dist.constraints.positive)
+
+    def forward(self, p):
+        loc = (p @ self.weight).reshape(p.shape[:-1] + (self.D, self.M))
+        return loc, self.scale.expand(loc.shape)
 
 
 def _model(dims, M=3, kl_weight="one", N=None, means=None, seed=0):
@@ -91,10 +136,12 @@ def test_prior_encoder_gives_zero_kl_and_the_prior_expected_loglik():
 
 
 def _closed_form_one_layer(model, guide, x, y):
-    """E_{N(f; m, v)} log N(y | f, s2) - KL(N(mu, s^2) || N(0, I)), all written out."""
+    """E_{N(f; m, v)} log N(y | f, s2) - KL(N(mu, S S^T) || N(0, I)), all written out, for
+    an encoder's diagonal scale ``s`` (``S = diag(s)``) or Cholesky factor ``S``."""
     layer = model.layers[0]
     with torch.no_grad():
-        mu, s = guide.encoders.layer1(x)  # (1, D, M)
+        mu, s = guide.encoders.layer1(x)  # (1, D, M), and (1, D, M) or (1, D, M, M)
+        S = s if s.dim() == mu.dim() + 1 else torch.diag_embed(s)  # q's Cholesky factor
         W, b = layer.affine_weight, layer.inducing_points
         Z = (W @ x[0]) + b  # (M, D_in)
         var, ls = 1.3, 0.8
@@ -105,10 +152,14 @@ def _closed_form_one_layer(model, guide, x, y):
         Kzz = Kzz + 1e-6 * Kzz.diagonal().mean() * torch.eye(len(Z), dtype=DT)
         L = torch.linalg.cholesky(Kzz)
         a = torch.linalg.solve_triangular(L, k(Z, x), upper=False)[:, 0]  # (M,)
+        # f = m(x) + a^T u with u ~ N(mu, S S^T): mean a^T mu, variance k(x, x) - a^T a
+        # (the prior's part not explained by u) + a^T S S^T a
         m = (mu[0, 0] * a).sum()
-        v = var - (a * a).sum() + ((s[0, 0] * a) ** 2).sum()
-        return float(_expected_loglik(y[0], m, v, torch.tensor(0.2, dtype=DT))
-                     - _kl_std_normal(mu, s)[0])
+        v = var - (a * a).sum() + ((S[0, 0].mT @ a) ** 2).sum()
+        M = mu.shape[-1]
+        kl = kl_divergence(MultivariateNormal(mu[0], scale_tril=S[0]),
+                           MultivariateNormal(torch.zeros(M, dtype=DT), torch.eye(M, dtype=DT)))
+        return float(_expected_loglik(y[0], m, v, torch.tensor(0.2, dtype=DT)) - kl.sum())
 
 
 def test_ar2_one_layer_one_point_matches_its_closed_form():
@@ -126,6 +177,81 @@ def test_ar2_one_layer_one_point_matches_its_closed_form():
     se = estimates.std(ddof=1) / math.sqrt(len(estimates))
     assert se > 0
     assert abs(estimates.mean() - exact) < 4 * se
+
+
+def test_full_cholesky_encoder_gives_q_of_u_and_the_objective_of_its_closed_form():
+    """An encoder's Cholesky factor L is q(u_n) = N(mu_n, L L^T) as given (its KL per point
+    is torch's MultivariateNormal KL, summed over the outputs), and the objective of one
+    layer and one point is the closed form with the full L."""
+    N, D, M = 5, 2, 3
+    torch.manual_seed(11)
+    X, y = torch.randn(N, 2, dtype=DT), torch.randn(N, dtype=DT)
+    model = _model([2, D, 1], M=M, means=["identity", "zero"])
+    enc = CholeskyEncoder(2, D, M)
+    guide = dgp.guides.Amortized(model, encoder={"layer1": enc}, rule="AR2", num_paths=3)
+    guide.setup(X, y)
+    guide_trace, model_trace = guide.traces(X, y)
+    q = guide_trace.nodes["layer1.u"]["fn"]
+    with torch.no_grad():
+        mu, L = enc(X)  # (N, D, M), (N, D, M, M)
+        torch.testing.assert_close(q.base_dist.covariance_matrix, L @ L.mT)
+        prior = MultivariateNormal(torch.zeros(M, dtype=DT), torch.eye(M, dtype=DT))
+        want = kl_divergence(MultivariateNormal(mu, scale_tril=L), prior).sum(-1)  # (N,)
+        got = kl_divergence(q, model_trace.nodes["layer1.u"]["fn"])
+    assert float(want.min()) > 0.1  # away from q = p, where any KL formula agrees
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+    x, y1 = torch.tensor([[0.3, -0.4]], dtype=DT), torch.tensor([0.5], dtype=DT)
+    one = _model([2, 1], M=4)
+    guide = dgp.guides.Amortized(one, encoder=CholeskyEncoder(2, 1, 4, seed=1), rule="AR2")
+    guide.setup(x, y1)
+    exact = _closed_form_one_layer(one, guide, x, y1)
+    assert -dgp.AmortizedELBO().loss(one, guide, x, y1) == pytest.approx(exact, abs=1e-10)
+
+
+class ScaleOf(torch.nn.Module):
+    """Zero means and a given scale ``(D, M)`` or ``(D, M, M)``, the same for every point;
+    a scale given later (``self.later``) from its second call on."""
+
+    def __init__(self, D, M, scale, later=None):
+        super().__init__()
+        self.D, self.M, self.scale, self.later, self.calls = D, M, scale, later, 0
+
+    def forward(self, p):
+        self.calls += 1
+        scale = self.scale if self.later is None or self.calls == 1 else self.later
+        loc = p.new_zeros(p.shape[:-1] + (self.D, self.M))
+        return loc, scale.expand(p.shape[:-1] + scale.shape)
+
+
+def test_a_scale_that_is_not_a_cholesky_factor_is_refused_naming_the_layer():
+    """Checked at the guide's first call of the encoder: nonzero entries above the diagonal
+    (not silently dropped), a diagonal that is not positive (zero, negative or NaN, for a
+    full factor and for a diagonal scale); under Pyro's validation at every call."""
+    X, y = torch.randn(4, 2, dtype=DT), torch.randn(4, dtype=DT)
+    model = _model([2, 2, 1], M=3)
+    good = torch.tensor([[1.0, 0.0, 0.0], [0.3, 0.5, 0.0], [-0.2, 0.1, 2.0]], dtype=DT)
+    upper = good + 0.25 * torch.triu(torch.ones(3, 3, dtype=DT), 1)
+    cases = [
+        (upper, r"layer 'layer2'.*\(4, 1, 3, 3\).*not lower triangular.*up to 0\.25"),
+        (good * torch.tensor([1.0, -1.0, 1.0], dtype=DT),
+         r"layer 'layer2'.*Cholesky factor whose diagonal.*not positive.*smallest -0\.5"),
+        (torch.tensor([1.0, 0.0, 2.0], dtype=DT),
+         r"layer 'layer2'.*a diagonal scale.*not positive.*smallest 0"),
+        (torch.tensor([1.0, float("nan"), 2.0], dtype=DT),
+         r"layer 'layer2'.*a diagonal scale.*not positive"),
+    ]
+    for scale, message in cases:
+        enc = ScaleOf(1, 3, scale.unsqueeze(0))
+        guide = dgp.guides.Amortized(model, encoder={"layer2": enc}, rule="AR2")
+        with pytest.raises(ValueError, match=message):
+            guide(X, y)
+    # valid first, then not: refused at the later call under Pyro's validation
+    enc = ScaleOf(1, 3, good.unsqueeze(0), later=upper.unsqueeze(0))
+    guide = dgp.guides.Amortized(model, encoder={"layer2": enc}, rule="AR2")
+    guide(X, y)
+    with pyro.validation_enabled(True), pytest.raises(ValueError, match="not lower triangular"):
+        guide(X, y)
 
 
 def test_ar2p_gauss_hermite_nodes_reproduce_the_gauss_hermite_expectation():
@@ -174,13 +300,40 @@ def test_minibatch_objective_is_unbiased_for_the_full_data_objective(kl_weight):
                       for i in (torch.randperm(N)[:B] for _ in range(200))])
     se = draws.std(ddof=1) / math.sqrt(len(draws))
     assert abs(draws.mean() - full) < 4 * se
-    # the 1/N weight: the per-point KL enters N times less than with weight one
-    if kl_weight == "1/N":
-        weighted = [-objective.loss(model, guide, X[i], y[i]) for i in perm.split(B)]
+
+
+def test_kl_weight_one_over_n_takes_each_per_point_kl_once_over_n():
+    """With kl_weight="1/N" each point's KL enters 1/N times (Meng and Zhang 2024, App. A):
+    L(1/N) - L(1) = (1 - 1/N) sum_n KL_n on the full data, and (N/B) (1 - 1/N) sum_{n in B}
+    KL_n on a batch B (the data plate's N/B). The KLs here are torch's of the encoders'
+    Gaussians, at the data (layer 1) and at the first layer's conditional means (layer 2: AR2P
+    summarises the paths by their omega-weighted mean, and every path's mean there is the
+    same); AR2P draws nothing, so both objectives see the same paths."""
+    N, B = 8, 3
+    model, guide, X, y = _perturbed_two_layer("AR2P", 4, N, seed=12)
+    l1, l2 = model.layers
+    with torch.no_grad():
+        mu1, s1 = guide.encoders.layer1(X)
+        m1, _ = l1.local_conditional(X, mu1, torch.diag_embed(s1))  # (N, D_1)
+        mu2, s2 = guide.encoders.layer2(m1)
+        standard = Normal(torch.zeros((), dtype=DT), torch.ones((), dtype=DT))
+        kl = sum(kl_divergence(Normal(mu, s), standard).sum((-2, -1))
+                 for mu, s in ((mu1, s1), (mu2, s2)))  # (N,)
+    assert float(kl.min()) > 0.01
+    objective = dgp.AmortizedELBO()
+    batch = torch.tensor([5, 0, 2])
+
+    def objectives(kl_weight):
         for layer in model.layers:
-            layer.kl_weight = "one"
-        unweighted = [-objective.loss(model, guide, X[i], y[i]) for i in perm.split(B)]
-        assert np.mean(weighted) > np.mean(unweighted)
+            layer.kl_weight = kl_weight
+        with torch.no_grad():
+            return (-objective.loss(model, guide, X, y),
+                    -objective.loss(model, guide, X[batch], y[batch]))
+
+    (full_n, batch_n), (full_one, batch_one) = objectives("1/N"), objectives("one")
+    assert full_n - full_one == pytest.approx(float((1 - 1 / N) * kl.sum()), rel=1e-10)
+    assert batch_n - batch_one == pytest.approx(
+        float(N / B * (1 - 1 / N) * kl[batch].sum()), rel=1e-10)
 
 
 def _perturbed_two_layer(rule, S, N, seed):
@@ -222,16 +375,76 @@ def test_kl_of_q_u_over_paths_is_the_per_point_kl_and_nothing_is_drawn():
     assert torch.equal(torch.get_rng_state(), state)
 
 
+@pytest.mark.parametrize("kind", ["module", "pyro_module"])
+def test_a_users_encoder_with_parameters_is_in_the_param_store_and_trained(kind):
+    """A plain torch.nn.Module (converted in place) and a PyroModule with constrained
+    PyroParams: every parameter is in Pyro's param store under the guide's encoders, the
+    module reads the stored value, and a few SVI steps move each of them."""
+    torch.manual_seed(13)
+    X, y = torch.randn(10, 2, dtype=DT), torch.randn(10, dtype=DT)
+    model = _model([2, 2, 1], N=10, means=["identity", "zero"])
+    enc = CholeskyEncoder(2, 2, 3) if kind == "module" else PyroDiagonalEncoder(2, 2, 3)
+    names = ["weight", "bias", "lower", "log_diag"] if kind == "module" else ["weight", "scale"]
+    guide = dgp.guides.Amortized(model, encoder={"layer1": enc}, rule="AR2P", num_paths=4)
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.05}), dgp.AmortizedELBO())
+    svi.step(X, y)
+    store = pyro.get_param_store()
+    keys = {n: [k for k in store.keys() if k.endswith(f".encoders.layer1.{n}")] for n in names}
+    assert all(len(k) == 1 for k in keys.values()), keys
+    before = {n: store[k[0]].detach().clone() for n, k in keys.items()}
+    for _ in range(3):
+        svi.step(X, y)
+    for n, (key,) in keys.items():
+        now = store[key].detach()
+        assert torch.equal(getattr(enc, n).detach(), now), n  # the module reads the store
+        assert float((now - before[n]).abs().max()) > 1e-4, n
+    if kind == "pyro_module":
+        assert float(enc.scale.detach().min()) > 0
+
+
 def test_wrong_encoder_output_names_the_layer_and_the_shape():
     class Bad(torch.nn.Module):
         def forward(self, p):
             return p.new_zeros(p.shape[:-1] + (2, 5)), p.new_ones(p.shape[:-1] + (2, 5))
+
+    class Returns(torch.nn.Module):
+        """Returns ``make(p)``."""
+
+        def __init__(self, make):
+            super().__init__()
+            self.make = make
+
+        def forward(self, p):
+            return self.make(p)
 
     X, y = torch.randn(4, 2, dtype=DT), torch.randn(4, dtype=DT)
     model = _model([2, 2, 1])
     guide = dgp.guides.Amortized(model, encoder={"layer1": Bad()})
     with pytest.raises(ValueError, match=r"layer 'layer1'.*expected .*\(4, 2, 3\)"):
         guide(X, y)
+    # layer2 (D_out 1, M 3) at 4 points: loc (4, 1, 3), scale (4, 1, 3) or (4, 1, 3, 3)
+    cases = [
+        (lambda p: (p.new_zeros(4, 1, 3), p.new_ones(4, 1, 3, 2)),
+         r"layer 'layer2' returned scale of shape \(4, 1, 3, 2\); expected \(4, 1, 3\) "
+         r"\(diagonal\) or \(4, 1, 3, 3\) \(a Cholesky factor\)"),
+        (lambda p: (p.new_zeros(4, 1, 3), p.new_ones(1, 3)),
+         r"layer 'layer2' returned scale of shape \(1, 3\); expected \(4, 1, 3\)"),
+        (lambda p: p.new_zeros(4, 1, 3),
+         r"layer 'layer2' must return a pair of tensors \(loc, scale\) with loc \(4, 1, 3\) "
+         r"and scale \(4, 1, 3\) \(diagonal\) or \(4, 1, 3, 3\).*got one tensor of shape "
+         r"\(4, 1, 3\)"),
+        (lambda p: (p.new_zeros(4, 1, 3), p.new_ones(4, 1, 3), p.new_ones(4, 1, 3)),
+         r"layer 'layer2' must return a pair.*loc \(4, 1, 3\).*got a tuple of 3"),
+        (lambda p: {"loc": p.new_zeros(4, 1, 3), "scale": p.new_ones(4, 1, 3)},
+         r"layer 'layer2' must return a pair.*loc \(4, 1, 3\).*got dict"),
+        (lambda p: (p.new_zeros(4, 1, 3), 1.0),
+         r"layer 'layer2' must return a pair.*got a tuple of 2 \(tensor of shape "
+         r"\(4, 1, 3\), float\)"),
+    ]
+    for make, message in cases:
+        guide = dgp.guides.Amortized(model, encoder={"layer2": Returns(make)}, rule="AR2")
+        with pytest.raises(ValueError, match=message):
+            guide(X, y)
     with pytest.raises(ValueError, match="local inducing outputs"):
         dgp.guides.MeanField(model)(X, y)
     plain = dgp.DeepGP.regression(X, y, num_layers=1, num_inducing=3)
@@ -240,11 +453,16 @@ def test_wrong_encoder_output_names_the_layer_and_the_shape():
 
 
 class HandWritten(PyroModule):
+    """A warping amortized layer feeding another, observed as ``N(f, s2)`` through a plain
+    ``pyro.sample`` (scored at the sampled ``f``); ``likelihood`` holds ``s2`` for
+    ``predict``."""
+
     def __init__(self):
         super().__init__()
         self.warp = dgp.AmortizedGPLayer(1, 1, inducing_offsets=torch.randn(3, 1, dtype=DT),
                                          mean="identity")
         self.top = dgp.AmortizedGPLayer(1, 1, inducing_offsets=torch.randn(3, 1, dtype=DT))
+        self.likelihood = dgp.likelihoods.Gaussian(torch.tensor(0.01, dtype=DT))
         self.num_data = None
 
     def forward(self, x, y=None):
@@ -252,11 +470,29 @@ class HandWritten(PyroModule):
         plate = pyro.plate("data", size=self.num_data or B, subsample=torch.arange(B))
         f = self.top(self.warp(x, plate=plate), plate=plate)
         with plate:
-            return pyro.sample("y", dist.Normal(f.squeeze(-1), 0.1), obs=y)
+            return pyro.sample("y", self.likelihood.conditional(f.squeeze(-1)), obs=y)
+
+
+def _node_paths(l1, l2, enc1, enc2, xi1, X):
+    """``(m2, v2)``, each ``(S, N)``: the second layer's Gaussian on each of the ``S`` paths
+    of a quadrature rule with first-layer nodes ``xi1 (S, D_1)``, written out: path ``s``
+    takes ``f1_s = m1 + xi1_s sqrt(v1)``, and the second layer's ``q(u_n)`` and inducing
+    inputs are at ``sum_s omega_s m1 = m1`` (every path's first-layer mean is ``m1``)."""
+    mu1, s1 = enc1(X)
+    m1, v1 = l1.local_conditional(X, mu1, torch.diag_embed(s1))  # (N, D_1)
+    mu2, s2 = enc2(m1)
+    f1 = m1 + xi1.unsqueeze(-2) * v1.sqrt()  # (S, N, D_1)
+    m2, v2 = l2.local_conditional(f1, mu2, torch.diag_embed(s2), at=m1)
+    return m2[..., 0], v2[..., 0]
 
 
 @pytest.mark.parametrize("rule", ["AR1", "AR2", "AR2P", "AR2PP"])
 def test_training_a_hand_written_model_and_predicting(rule):
+    """Trained by SVI; then ``predict`` (AR2P, AR2PP: exactly the omega-weighted mixture over
+    the node paths, written out; AR1, AR2: the draws that ``to_datatree`` also takes from the
+    same seed), ``to_datatree`` (each draw of a quadrature rule is one of the node paths; the
+    log-likelihood scores the sampled f) and ``layer_summary`` (the predictive's moments of
+    f) on the hand-written model."""
     torch.manual_seed(6)
     X = torch.linspace(-2, 2, 30, dtype=DT).unsqueeze(-1)
     y = torch.sin(2 * X[:, 0])
@@ -270,6 +506,41 @@ def test_training_a_hand_written_model_and_predicting(rule):
     assert objective.loss(model, guide, X, y) < start
     with pytest.raises(NotImplementedError, match="sample path"):
         guide.sample_paths()
+
+    Xt, yt, S = X[::5], y[::5], 4  # 6 test points
+    pred = dgp.predict(model, guide, Xt, num_samples=S, seed=0)
+    tree = dgp.to_datatree(model, guide, Xt, yt, num_samples=S, seed=0)
+    table = dgp.layer_summary(tree)
+    noise = float(model.likelihood.variance.detach())
+    layers = tree["layers"]
+    assert layers["top.f_mean"].dims == ("chain", "draw", "obs", "top_unit")
+    assert layers["top.f_mean"].shape == (1, S, 6, 1) and pred.loc.shape == (S, 6)
+    f_mean = torch.as_tensor(layers["top.f_mean"].values[0, :, :, 0])  # (S, 6)
+    f = torch.as_tensor(layers["top.f"].values[0, :, :, 0])
+    torch.testing.assert_close(torch.as_tensor(tree["log_likelihood"]["y"].values[0]),
+                               Normal(f, math.sqrt(noise)).log_prob(yt))
+    assert list(table.index) == ["warp", "top"] and np.isfinite(table["kl"]).all()
+    if guide.quadrature:
+        omega = guide.path_weights().detach()
+        with torch.no_grad():
+            m2, v2 = _node_paths(model.warp, model.top, guide.encoders.warp,
+                                 guide.encoders.top, guide.quadrature_nodes("warp"), Xt)
+        torch.testing.assert_close(pred.weights[:, 0], omega)
+        torch.testing.assert_close(pred.loc, m2)
+        torch.testing.assert_close(pred.var, v2)
+        mean = (omega[:, None] * m2).sum(0)
+        torch.testing.assert_close(pred.mean, mean)
+        torch.testing.assert_close(
+            pred.variance, (omega[:, None] * (v2 + noise + (m2 - mean) ** 2)).sum(0))
+        # to_datatree's draws pick nodes by resampling from omega: each row is a node path
+        dist_to_paths = (f_mean[:, None] - m2[None]).abs().amax(-1)  # (draw, node)
+        assert float(dist_to_paths.min(-1).values.max()) < 1e-12
+    else:
+        assert pred.weights is None
+        torch.testing.assert_close(f_mean, pred.loc)  # the same draws
+        assert table.loc["top", "f_mean"] == pytest.approx(float(pred.mean.mean()), rel=1e-12)
+        assert table.loc["top", "f_var"] == pytest.approx(float(pred.variance.mean()) - noise,
+                                                          rel=1e-12)
 
 
 def test_fit_and_predict_on_a_deep_gp():
@@ -288,8 +559,27 @@ def test_fit_and_predict_on_a_deep_gp():
     assert np.isfinite(auto.losses).all()
 
 
-def test_datatree_and_layer_summary_of_an_amortized_fit():
-    """Per-point inducing outputs land in the posterior group with an observation dim."""
+@pytest.fixture
+def saved_figures(monkeypatch):
+    """Plots on the Agg backend; ``{file name: Figure}`` of every figure saved meanwhile."""
+    previous = matplotlib.get_backend()
+    plt.switch_backend("agg")
+    saved, savefig = {}, Figure.savefig
+
+    def record(fig, path, *args, **kwargs):
+        saved[Path(path).name] = fig
+        return savefig(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", record)
+    yield saved
+    plt.switch_backend(previous)
+
+
+def test_datatree_layer_summary_and_plots_of_an_amortized_fit(tmp_path, saved_figures):
+    """Per-point inducing outputs land in the posterior group with an observation dim; the
+    plots of the fit have a panel per layer, and the variance panels plot layer_variance's
+    posterior variance of each unit (averaging to layer_summary's f_var) and prior
+    variance."""
     pyro.clear_param_store()
     model = _model([1, 2, 1])
     X = torch.linspace(-1, 1, 12, dtype=DT)[:, None]
@@ -302,6 +592,32 @@ def test_datatree_and_layer_summary_of_an_amortized_fit():
     assert u.shape == (1, 5, 12, 2, 3)
     table = dgp.layer_summary(tree)
     assert list(table.index) == ["layer1", "layer2"] and np.isfinite(table["f_var"]).all()
+
+    # the layers group holds per-point draws (no sample paths): plotted, with a warning
+    with pytest.warns(UserWarning, match="drawn per point"):
+        files = plot_diagnostics(tree, tmp_path, prefix="avdgp_")
+    assert set(files) == {"paths", "variance", "hyperparameters"}
+    for path in files.values():
+        img = mpimg.imread(path)
+        assert img.ndim == 3 and min(img.shape[:2]) > 100 and float(np.std(img)) > 0.01
+    order = np.argsort(X[:, 0].numpy())
+    lv = layer_variance(tree)
+    var_axes = saved_figures["avdgp_layer_variance.png"].axes
+    assert [ax.get_title() for ax in var_axes] == ["Var layer1.f", "Var layer2.f"]
+    for ax, name, units in zip(var_axes, ["layer1", "layer2"], [2, 1], strict=True):
+        post = [ln for ln in ax.get_lines() if ln.get_label().startswith("posterior")]
+        prior = [ln for ln in ax.get_lines() if ln.get_label() == "prior"]
+        assert len(post) == units and len(prior) == 1
+        plotted = np.stack([ln.get_ydata() for ln in post], -1)  # (point, unit), x sorted
+        np.testing.assert_array_equal(plotted, lv[f"{name}.post_var"].values[order])
+        assert plotted.mean() == pytest.approx(table.loc[name, "f_var"], rel=1e-12)
+        assert np.mean(prior[0].get_ydata()) == pytest.approx(table.loc[name, "prior_var"],
+                                                              rel=1e-12)
+        assert float(plotted.min()) > 0
+    path_axes = saved_figures["avdgp_layer_paths.png"].axes
+    assert [ax.get_title() for ax in path_axes] == ["layer1 (unit 0)", "layer2", "composition"]
+    assert [len(ax.get_lines()) for ax in path_axes] == [5, 5, 5 + 1]  # 5 draws (+ the data)
+    np.testing.assert_array_equal(path_axes[-1].get_lines()[-1].get_ydata(), y.numpy())
 
 
 def test_predict_of_ar2p_is_its_weighted_node_mixture_exactly():

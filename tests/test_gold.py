@@ -1,11 +1,14 @@
 """The gold standard (``pyro_dgp.gold``): NUTS on ``q*(U)`` against the closed-form optimum of
-a one-layer GP (Titsias 2009), the quadrature of ``g(U)`` against Monte Carlo, and the
-distances between predictives against their closed forms."""
+a one-layer GP (Titsias 2009), the quadrature of ``g(U)`` against Monte Carlo, the
+distances between predictives against their closed forms, and ``compare_to_gold`` for guides
+set to that optimum and away from it."""
 
 import math
 
 import pytest
 import torch
+from scipy import integrate
+from scipy.stats import norm
 
 import pyro_dgp as dgp
 from pyro_dgp import gold
@@ -171,6 +174,75 @@ def test_distance_of_a_mixture_uses_the_law_of_total_variance():
     # bimodal against one Gaussian of the same moments: W1 = int |F_mix - F_gauss| dx =
     # 0.2214 (quadrature); over 60 seeds the estimate's standard deviation is 0.011
     assert abs(d.w1 - 0.2214) < 4 * 0.011
+
+
+def _optimal_q(model, X, y):
+    """``q*(v) = N(m, C)`` of a whitened one-layer GP with a Gaussian likelihood: with
+    ``A = L^-1 K_ZX`` ``(M, N)``, ``g(v) = sum_i log N(y_i | a_i^T v, s2)`` up to a constant, so
+    ``C = (I + A A^T / s2)^-1`` and ``m = C A y / s2`` (Titsias 2009, whitened). Returns
+    ``(m (M,), C (M, M))``."""
+    layer = model.layers[0]
+    with torch.no_grad():
+        L = layer.kzz_cholesky()
+        A = torch.linalg.solve_triangular(L, layer.kernel(layer.inducing_points, X), upper=False)
+        s2 = model.likelihood.variance
+        C = torch.linalg.inv(torch.eye(A.shape[0], dtype=DT) + A @ A.mT / s2)
+        C = 0.5 * (C + C.mT)
+        return C @ A @ y / s2, C
+
+
+def test_compare_to_gold_is_the_distance_of_each_guide_and_zero_for_the_optimum():
+    # A gold standard of S independent draws of the exact q*(U) of a one-layer GP (no MCMC
+    # error), against a MeanField guide set to q* and one set to q* shifted by delta.
+    model, X, y = _one_layer()
+    layer = model.layers[0]
+    m, C = _optimal_q(model, X, y)
+    S, J, seed = 4000, 2000, 3
+    g = torch.Generator().manual_seed(1)
+    v = m + torch.randn(S, 4, generator=g, dtype=DT) @ torch.linalg.cholesky(C).mT
+    reference = gold.GoldStandard(model, {"layer1.u": v.reshape(1, S, 1, 4)})
+    delta = torch.full((4,), 0.5, dtype=DT)
+    guides = {}
+    for name, loc in (("optimum", m), ("shifted", m + delta)):
+        guides[name] = dgp.guides.MeanField(model)
+        guides[name].set_q(torch.distributions.MultivariateNormal(loc, C), layer="layer1")
+    Xs = torch.linspace(-1.2, 1.2, 7, dtype=DT).unsqueeze(-1)
+    out = gold.compare_to_gold(reference, guides, Xs, num_samples=50, num_draws=J, seed=seed)
+    assert set(out) == {"optimum", "shifted"}
+    # each is predictive_distance of the guide's predictive from the gold standard's, at the
+    # one seed
+    for name, guide in guides.items():
+        by_hand = gold.predictive_distance(
+            reference.predict(Xs, seed=seed),
+            dgp.predict(model, guide, Xs, num_samples=50, seed=seed), num_draws=J, seed=seed)
+        assert out[name] == by_hand, name
+    # f(x*) = a_*^T v + e, e ~ N(0, v_*): under q* it is N(a_*^T m, V), V = v_* + c2 with
+    # c2 = a_*^T C a_*; the gold standard's mean of S draws has standard error
+    # sqrt(c2 / S), its variance (v_* + the draws' variance of a_*^T v) sqrt(2 / S) c2
+    with torch.no_grad():
+        Ls = torch.linalg.solve_triangular(layer.kzz_cholesky(),
+                                           layer.kernel(layer.inducing_points, Xs), upper=False)
+        c2 = ((Ls.mT @ C) * Ls.mT).sum(-1)
+        V = layer.kernel(Xs, diag=True) - Ls.square().sum(0) + c2
+        shift = (Ls.mT @ delta).abs()  # |a_*^T delta|: the shifted guide's error of the mean
+    se_mean = (c2 / S).sqrt()
+    se_log_var = math.sqrt(2 / S) * c2 / V  # delta method
+    best, off = out["optimum"], out["shifted"]
+    assert best.mean_abs < 4 * float(se_mean.mean()), best
+    assert best.log_var_abs < 4 * float(se_log_var.mean()), best
+    # w1: with S >= J each side's J draws at a point are independent draws of N(a_*^T m, V),
+    # and the empirical measure P_J of J draws of P has E W1(P_J, P) <= J_1 / sqrt(J),
+    # J_1 = int sqrt(F (1 - F)) dx = sqrt(V) int sqrt(Phi (1 - Phi)) dz (Bobkov and Ledoux
+    # 2019): E w1 <= 2 J_1 / sqrt(J), averaged over the points
+    j1 = integrate.quad(lambda z: math.sqrt(norm.cdf(z) * norm.sf(z)), -40, 40)[0]  # 1.6147
+    assert best.w1 < float((2 * j1 * V.sqrt() / math.sqrt(J)).mean()), best
+    # shifted: the mean moves by a_*^T delta at each point, the variances do not; the draws
+    # with the same standard normals move by exactly a_*^T delta, so by the triangle
+    # inequality | w1 - mean |a_*^T delta| | <= w1 of the optimum
+    assert abs(off.mean_abs - float(shift.mean())) < 4 * float(se_mean.mean()), off
+    assert off.log_var_abs == pytest.approx(best.log_var_abs, abs=1e-12)
+    assert abs(off.w1 - float(shift.mean())) <= best.w1 + 1e-12, (off, best)
+    assert off.w1 > 20 * best.w1  # the shift is felt
 
 
 # ----------------------------------------------------------------------------- bad input

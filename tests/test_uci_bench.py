@@ -5,22 +5,7 @@ import json
 import pytest
 import uci
 
-from pyro_dgp import datasets
-
-
-def _have_boston() -> bool:
-    try:
-        datasets.load("boston", split=0, download=False)
-    except FileNotFoundError:
-        return False
-    return True
-
-
-needs_data = pytest.mark.skipif(
-    not _have_boston(),
-    reason="UCI data missing: set PYRO_DGP_DATA to the folder holding uci/bostonHousing "
-    "(e.g. ../shared/data)",
-)
+needs_data = pytest.mark.usefixtures("boston_data")
 
 
 @needs_data

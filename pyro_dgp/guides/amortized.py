@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import pyro.distributions as dist
 import torch
 from pyro.infer.autoguide.utils import deep_setattr
+from pyro.infer.util import is_validation_enabled
 from pyro.nn import PyroModule, PyroParam
 from pyro.poutine.plate_messenger import PlateMessenger
 from pyro.poutine.runtime import _PYRO_STACK
@@ -201,6 +202,8 @@ class Amortized(LayerGuide):
                             f"them by layer name, got {type(encoder).__name__}")
         self._given_encoder = encoder
         self._weighted = False
+        #: layers whose encoder output has had its values checked (on its first call)
+        self._checked: set[str] = set()
         self.encoders = PyroModule()
         self.nodes = PyroModule()
 
@@ -221,6 +224,7 @@ class Amortized(LayerGuide):
             raise ValueError(f"Amortized: the layers {plain} have global inducing outputs; "
                              "the amortized guide needs AmortizedGPLayer layers")
         given = self._given_encoder
+        self._checked = set()
         if isinstance(given, dict):
             unknown = set(given) - {s.name.rsplit(".", 1)[0] for s in sites}
             if unknown:
@@ -337,7 +341,11 @@ class Amortized(LayerGuide):
         x = layer.current_input
         at = self._summary(x, run)
         out = deep_getattr(self.encoders, key)(at)
-        loc, tril = check_encoded(out, at, layer.output_dim, layer.num_inducing, key)
+        # the values of the scale (a host sync) on the encoder's first call, and on every
+        # call under Pyro's validation (fit: its first step); its shapes always
+        validate = key not in self._checked or is_validation_enabled()
+        loc, tril = check_encoded(out, at, layer.output_dim, layer.num_inducing, key, validate)
+        self._checked.add(key)
         run.q[key] = (loc, tril, at)
         return LocalGaussian(loc, tril, layer.inducing_inputs_at(at))
 

@@ -8,6 +8,10 @@ An encoder of a layer with ``D_in`` inputs, ``D_out`` outputs and ``M`` inducing
 - ``scale``: ``(..., N, D_out, M)`` positive (a diagonal covariance, the default of Meng and
   Zhang 2024 for deep models), or ``(..., N, D_out, M, M)`` lower triangular with a positive
   diagonal (a full Cholesky factor per output).
+
+The shapes are checked at every call; the values of the scale (lower triangular, positive
+diagonal) at a guide's first call of each layer's encoder, and at every call while Pyro's
+validation is on.
 """
 
 from __future__ import annotations
@@ -80,26 +84,61 @@ def as_pyro_module(encoder, label: str) -> PyroModule:
     return encoder
 
 
-def check_encoded(out, p: torch.Tensor, D: int, M: int, layer: str):
+def _describe(out) -> str:
+    """What an encoder returned, for an error message."""
+    if isinstance(out, tuple | list):
+        inner = ", ".join(f"tensor of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor)
+                          else type(t).__name__ for t in out)
+        return f"a {type(out).__name__} of {len(out)} ({inner})"
+    if isinstance(out, torch.Tensor):
+        return f"one tensor of shape {tuple(out.shape)}"
+    return type(out).__name__
+
+
+def check_encoded(out, p: torch.Tensor, D: int, M: int, layer: str, validate: bool = True):
     """The ``(loc, scale_tril)`` of an encoder's output at ``p (..., N, D_in)``.
 
+    The shapes are always checked; with ``validate`` also the values of the scale. ``q(u_n)``
+    is ``N(loc, L L^T)`` and its KL to ``N(0, I)`` uses ``log det(L L^T) = 2 sum_m log L_mm``,
+    which holds for a lower triangular ``L`` with a positive diagonal only. So a Cholesky
+    factor must have exact zeros above its diagonal (dropping nonzero entries there would
+    silently change the covariance the encoder meant) and a positive diagonal, and a
+    diagonal scale must be positive.
+
     :returns: ``loc (..., N, D, M)`` and ``scale_tril (..., N, D, M, M)``.
-    :raises ValueError: naming the layer and the expected shapes where they differ.
+    :raises ValueError: naming the layer and the expected shapes where they differ, or the
+        problem with the scale's values.
     """
     expected = tuple(p.shape[:-1]) + (D, M)
+    shapes = (f"loc {expected} and scale {expected} (diagonal) or {expected + (M,)} (a "
+              "Cholesky factor)")
     if not (isinstance(out, tuple | list) and len(out) == 2
             and all(isinstance(t, torch.Tensor) for t in out)):
         raise ValueError(f"Amortized: the encoder of layer '{layer}' must return a pair of "
-                         f"tensors (loc, scale), got {type(out).__name__}")
+                         f"tensors (loc, scale) with {shapes}, got {_describe(out)}")
     loc, scale = out
     if tuple(loc.shape) != expected:
         raise ValueError(f"Amortized: the encoder of layer '{layer}' returned loc of shape "
                          f"{tuple(loc.shape)} for inputs {tuple(p.shape)}; expected (..., N, "
                          f"D_out, M) = {expected}")
     if tuple(scale.shape) == expected:
-        return loc, torch.diag_embed(scale)
-    if tuple(scale.shape) == expected + (M,):
-        return loc, scale.tril()
-    raise ValueError(f"Amortized: the encoder of layer '{layer}' returned scale of shape "
-                     f"{tuple(scale.shape)}; expected {expected} (diagonal) or "
-                     f"{expected + (M,)} (a Cholesky factor)")
+        diagonal, tril = scale, None
+    elif tuple(scale.shape) == expected + (M,):
+        diagonal, tril = scale.diagonal(dim1=-2, dim2=-1), scale
+        if validate:
+            upper = scale.triu(1)
+            if bool((upper != 0).any()):
+                raise ValueError(f"Amortized: the encoder of layer '{layer}' returned a scale "
+                                 f"of shape {tuple(scale.shape)} (a Cholesky factor) that is not "
+                                 f"lower triangular: entries above the diagonal up to "
+                                 f"{float(upper.abs().max()):.3g} in absolute value")
+    else:
+        raise ValueError(f"Amortized: the encoder of layer '{layer}' returned scale of shape "
+                         f"{tuple(scale.shape)}; expected {expected} (diagonal) or "
+                         f"{expected + (M,)} (a Cholesky factor)")
+    if validate and not bool((diagonal > 0).all()):
+        what = "a diagonal scale" if tril is None else "a Cholesky factor whose diagonal"
+        raise ValueError(f"Amortized: the encoder of layer '{layer}' returned {what} that is "
+                         f"not positive everywhere (smallest {float(diagonal.min()):.3g}; NaN "
+                         "counts as not positive)")
+    return loc, (torch.diag_embed(scale) if tril is None else tril)
