@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from known_answers import whitened_optimum
 from scipy import integrate
 from scipy.stats import norm
 
@@ -176,27 +177,12 @@ def test_distance_of_a_mixture_uses_the_law_of_total_variance():
     assert abs(d.w1 - 0.2214) < 4 * 0.011
 
 
-def _optimal_q(model, X, y):
-    """``q*(v) = N(m, C)`` of a whitened one-layer GP with a Gaussian likelihood: with
-    ``A = L^-1 K_ZX`` ``(M, N)``, ``g(v) = sum_i log N(y_i | a_i^T v, s2)`` up to a constant, so
-    ``C = (I + A A^T / s2)^-1`` and ``m = C A y / s2`` (Titsias 2009, whitened). Returns
-    ``(m (M,), C (M, M))``."""
-    layer = model.layers[0]
-    with torch.no_grad():
-        L = layer.kzz_cholesky()
-        A = torch.linalg.solve_triangular(L, layer.kernel(layer.inducing_points, X), upper=False)
-        s2 = model.likelihood.variance
-        C = torch.linalg.inv(torch.eye(A.shape[0], dtype=DT) + A @ A.mT / s2)
-        C = 0.5 * (C + C.mT)
-        return C @ A @ y / s2, C
-
-
 def test_compare_to_gold_is_the_distance_of_each_guide_and_zero_for_the_optimum():
     # A gold standard of S independent draws of the exact q*(U) of a one-layer GP (no MCMC
     # error), against a MeanField guide set to q* and one set to q* shifted by delta.
     model, X, y = _one_layer()
     layer = model.layers[0]
-    m, C = _optimal_q(model, X, y)
+    m, C = whitened_optimum(model, X, y)
     S, J, seed = 4000, 2000, 3
     g = torch.Generator().manual_seed(1)
     v = m + torch.randn(S, 4, generator=g, dtype=DT) @ torch.linalg.cholesky(C).mT

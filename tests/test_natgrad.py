@@ -10,6 +10,7 @@ import math
 import pyro
 import pytest
 import torch
+from known_answers import whitened_optimum
 
 import pyro_dgp as dgp
 from pyro_dgp.infer.elbo import AnalyticKL_ELBO
@@ -34,17 +35,6 @@ def _one_layer(n=25, M=6, seed=0):
     return model, X, y
 
 
-def _optimum(model, X, y):
-    layer = model.layers[0]
-    with torch.no_grad():
-        L = layer.kzz_cholesky()
-        A = torch.linalg.solve_triangular(L, layer.kernel(layer.inducing_points, X), upper=False)
-        s2 = float(model.likelihood.variance)
-        S = torch.linalg.inv(torch.eye(A.shape[0], dtype=DT) + A @ A.mT / s2)
-        m = S @ A @ y / s2
-    return m, S
-
-
 def _start_far(guide, M):
     """A starting q far from the optimum (mean 1, correlated covariance)."""
     B = torch.randn(M, M, dtype=DT)
@@ -62,7 +52,7 @@ def test_one_step_with_gamma_one_lands_on_the_optimal_q(family):
     elbo = AnalyticKL_ELBO()
     ngd.loss_and_grads(lambda: elbo.differentiable_loss(model, guide, X, y))
     ngd.step()
-    m, S = _optimum(model, X, y)
+    m, S = whitened_optimum(model, X, y)
     q = guide.q("layer1")
     torch.testing.assert_close(q.loc.reshape(-1), m, rtol=1e-8, atol=1e-8)
     torch.testing.assert_close(q.covariance_matrix.reshape(6, 6), S, rtol=1e-8, atol=1e-8)
@@ -94,7 +84,7 @@ def test_a_small_step_moves_towards_the_optimum_and_ngd_beats_adam_in_steps():
     for _ in range(20):
         ngd.loss_and_grads(lambda: elbo.differentiable_loss(model, guide, X, y))
         ngd.step()
-    m, _ = _optimum(model, X, y)
+    m, _ = whitened_optimum(model, X, y)
     assert float((guide.q("layer1").loc.reshape(-1) - m).abs().max()) < 1e-5
 
 
@@ -119,7 +109,7 @@ def test_fit_with_natural_gradients_reaches_the_optimal_q():
     guide = dgp.guides.MeanField(model)
     dgp.fit(model, guide, X, y, num_steps=2, lr=1e-12, natural_gradient=1.0, progress=False,
             final_elbo_particles=0)
-    m, S = _optimum(model, X, y)
+    m, S = whitened_optimum(model, X, y)
     q = guide.q("layer1")
     torch.testing.assert_close(q.loc.reshape(-1), m, rtol=1e-6, atol=1e-6)
 
