@@ -27,6 +27,10 @@ The three implementations run the SAME model and the same step:
              between-layer white noise (GPyTorch has no white kernel; ours adds 1e-5 to the
              diagonal), its own Cholesky jitter, softplus instead of exp for positive
              hyperparameters, and its ELBO is divided by N.
+``graph``, ``plain-graph`` (CUDA only) ``ours`` and ``plain`` with the loss and its gradient
+             recorded as a CUDA graph after the first step and replayed
+             (:class:`pyro_dgp.infer.cuda_graph.GraphedLoss`, what ``fit(cuda_graph=True)``
+             does), the optimiser step eager.
 ``plain``    :class:`PlainDSVI`: the same model and estimator written directly with tensors and
              ``torch.linalg`` (no Pyro, no distributions): the floor. Its loss equals ours for
              the same parameters and noise draws (``tests/test_speed_bench.py``). In float64
@@ -75,6 +79,9 @@ from pyro_dgp.infer.training import make_objective, make_optimizer
 __all__ = ["Config", "PlainDSVI", "build_parser", "main", "make_implementations"]
 
 IMPLEMENTATIONS = ("ours", "svi", "gpytorch", "plain")
+#: on a GPU also: ours' and the floor's step with the forward and backward pass replayed from a
+#: CUDA graph (pyro_dgp.infer.cuda_graph, as ``fit(cuda_graph=True)``)
+GRAPHED = ("graph", "plain-graph")
 
 
 @dataclass(frozen=True)
@@ -427,6 +434,29 @@ class PlainDSVI(_AdamStep):
 
 
 
+class Graphed:
+    """``impl``'s step with its loss and gradient replayed from a CUDA graph recorded after
+    its first (eager) step, as :func:`pyro_dgp.fit` with ``cuda_graph=True``."""
+
+    def __init__(self, impl, name: str):
+        self.impl, self.name, self.graphed = impl, name, None
+
+    def step(self, X, y) -> float:
+        import pyro
+
+        from pyro_dgp.infer.cuda_graph import GraphedLoss
+
+        if self.graphed is None:
+            loss = self.impl.step(X, y)
+            params = [p for group in self.impl.opt.param_groups for p in group["params"]]
+            with pyro.validation_enabled(False):
+                self.graphed = GraphedLoss(self.impl.loss, params, (X, y))
+            return loss
+        loss = self.graphed(X, y)
+        self.impl.opt.step()
+        return float(loss)
+
+
 # ------------------------------------------------------------------------------- driver
 def make_implementations(cfg: Config, names=IMPLEMENTATIONS):
     """Data, minibatch index sets and the implementations named (built from ours' init)."""
@@ -447,6 +477,11 @@ def make_implementations(cfg: Config, names=IMPLEMENTATIONS):
             impls[name] = GPyTorch(cfg, X, y, ours)
         elif name == "plain":
             impls[name] = PlainDSVI.from_ours(ours.model, ours.guide)
+        elif name == "graph":
+            pyro.set_rng_seed(cfg.seed)
+            impls[name] = Graphed(Ours(cfg, X, y), name)
+        elif name == "plain-graph":
+            impls[name] = Graphed(PlainDSVI.from_ours(ours.model, ours.guide), name)
         else:
             raise ValueError(f"unknown implementation {name!r}")
     return X, y, batches, impls
@@ -566,7 +601,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=15)
-    p.add_argument("--impl", nargs="+", choices=IMPLEMENTATIONS, default=list(IMPLEMENTATIONS))
+    p.add_argument("--impl", nargs="+", choices=IMPLEMENTATIONS + GRAPHED, default=None,
+                   help=f"default: {' '.join(IMPLEMENTATIONS)}, on CUDA also "
+                        f"{' '.join(GRAPHED)}")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-record", action="store_true",
@@ -589,6 +626,8 @@ def _table(rows: list[dict], names) -> list[str]:
         head.append("ours/plain")
     if "svi" in names and "plain" in names:
         head.append("svi/plain")
+    if "graph" in names and "plain-graph" in names:
+        head.append("graph/plain-graph")
     head += [f"{n} MiB" for n in names]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -600,6 +639,8 @@ def _table(rows: list[dict], names) -> list[str]:
             cells.append(_fmt(t["ours"] / t["plain"], ".2f"))
         if "svi" in names and "plain" in names:
             cells.append(_fmt(t["svi"] / t["plain"], ".2f"))
+        if "graph" in names and "plain-graph" in names:
+            cells.append(_fmt(t["graph"] / t["plain-graph"], ".2f"))
         cells += [_fmt(mem.get(n), ".0f") for n in names]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -611,7 +652,9 @@ def main(argv=None) -> int:
         print(json.dumps(_worker(json.loads(args.worker))))
         return 0
     hidden = args.hidden or sorted({min(30, args.input_dim), 1}, reverse=True)
-    names = list(args.impl)
+    names = list(args.impl or IMPLEMENTATIONS + (GRAPHED if args.device != "cpu" else ()))
+    if args.device == "cpu" and set(names) & set(GRAPHED):
+        raise SystemExit(f"--impl {' '.join(GRAPHED)} need --device cuda")
     configs = [
         Config(L, M, B, H, args.input_dim, args.num_data, args.dtype, args.device, args.seed)
         for L in args.layers for M in args.inducing for B in args.batch for H in hidden

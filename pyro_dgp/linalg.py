@@ -6,7 +6,10 @@ import warnings
 
 import torch
 
-__all__ = ["MAX_JITTER", "CholeskyError", "NumericalWarning", "cholesky", "default_jitter"]
+__all__ = [
+    "MAX_JITTER", "CholeskyError", "NumericalWarning", "capturing", "cholesky", "default_jitter",
+    "nan_where_failed",
+]
 
 
 class CholeskyError(RuntimeError):
@@ -15,6 +18,18 @@ class CholeskyError(RuntimeError):
 
 class NumericalWarning(UserWarning):
     """A numerical fix-up (more jitter) was needed."""
+
+
+def capturing(t: torch.Tensor) -> bool:
+    """Whether a CUDA graph is being recorded on the current stream of ``t``'s device
+    (:mod:`pyro_dgp.infer.cuda_graph`): then no value can be read back to the host."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def nan_where_failed(L: torch.Tensor, info: torch.Tensor) -> torch.Tensor:
+    """``L (..., M, M)`` with the factors whose ``info (...)`` of ``cholesky_ex`` is nonzero
+    (failed) set to NaN: the failure reaches the loss without a read-back to the host."""
+    return torch.where((info == 0)[..., None, None], L, torch.nan)
 
 
 def default_jitter(dtype: torch.dtype) -> float:
@@ -51,6 +66,10 @@ def cholesky(
     scale = K.diagonal(dim1=-2, dim2=-1).mean(-1).clamp_min(torch.finfo(K.dtype).tiny)
     scale = scale[..., None, None]
     current, tried = jitter, jitter
+    if capturing(K):
+        # recorded into a CUDA graph: the host cannot see a failure to retry it; a failed
+        # factor becomes NaN, the loss too, and the step is run again eagerly (infer/cuda_graph)
+        return nan_where_failed(*torch.linalg.cholesky_ex(K + (jitter * scale) * eye))
     for attempt in range(max_tries + 1):
         L, info = torch.linalg.cholesky_ex(K + (current * scale) * eye)
         if not bool(info.any()):

@@ -136,3 +136,126 @@ def test_natural_gradients_and_locations_model_on_cuda(dtype):
     dgp.fit(model, guide, data.X_train, data.y_train, num_steps=5, progress=False,
             final_elbo_particles=0)
     assert torch.isfinite(dgp.predict(model, guide, data.X_test, num_samples=4).mean).all()
+
+
+# ------------------------------------------------------------------ CUDA graphs (fit option)
+GRAPH_OBJECTIVES = ("AnalyticKL_ELBO", "AmortizedELBO", "LocalAlpha")
+
+
+def _fit_losses(cuda_graph, steps=12, dtype=torch.float64, **kwargs):
+    import pyro
+
+    data = _cuda_data(dtype)
+    pyro.clear_param_store()
+    model = dgp.DeepGP.regression(data.X_train, data.y_train, num_layers=3, num_inducing=8,
+                                  seed=0)
+    guide = dgp.guides.MeanField(model)
+    result = dgp.fit(model, guide, data.X_train, data.y_train, num_steps=steps, batch_size=24,
+                     progress=False, final_elbo_particles=0, cuda_graph=cuda_graph, seed=1,
+                     **kwargs)
+    return result, guide
+
+
+def test_cuda_graph_replays_the_eager_step():
+    """The recorded step is the eager one: the same kernels and the same random draws (the
+    default CUDA generator, advanced by each replay as by an eager step), so the losses and
+    the fitted parameters agree to rounding; every step after the first is a replay."""
+    eager, g_eager = _fit_losses(False)
+    graph, g_graph = _fit_losses(True)
+    assert eager.graph_steps == 0 and graph.graph_steps == 11
+    assert torch.allclose(torch.tensor(graph.losses), torch.tensor(eager.losses), rtol=1e-9)
+    for a, b in zip(g_eager.parameters(), g_graph.parameters(), strict=True):
+        assert torch.allclose(a, b, rtol=1e-8, atol=1e-10)
+
+
+def test_cuda_graph_float32_and_lr_schedule():
+    eager, _ = _fit_losses(False, dtype=torch.float32, lr_decay=0.1)
+    graph, _ = _fit_losses(True, dtype=torch.float32, lr_decay=0.1)
+    assert graph.graph_steps == 11
+    assert torch.allclose(torch.tensor(graph.losses), torch.tensor(eager.losses), rtol=1e-4)
+
+
+def test_cuda_graph_resume_continues_the_run(tmp_path):
+    full, g_full = _fit_losses(True, checkpoint=tmp_path / "a.pt")
+    _fit_losses(True, steps=5, checkpoint=tmp_path / "b.pt")
+    resumed, g_res = _fit_losses(True, checkpoint=tmp_path / "b.pt", resume=True)
+    assert resumed.resumed_from == 5
+    assert torch.allclose(torch.tensor(resumed.losses), torch.tensor(full.losses), rtol=1e-9)
+
+
+def test_cholesky_inside_a_graph_is_nan_where_it_fails():
+    """While a graph is recorded, :func:`~pyro_dgp.linalg.cholesky` cannot read ``info``
+    back: a replay on a matrix that is not positive definite gives a NaN factor, one on a
+    positive definite matrix the factor the eager call gives."""
+    from pyro_dgp.linalg import capturing, cholesky
+
+    good = torch.tensor([[2.0, 0.5], [0.5, 1.0]], device="cuda", dtype=torch.float64)
+    bad = torch.tensor([[1.0, 2.0], [2.0, 1.0]], device="cuda", dtype=torch.float64)
+    K = good.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        cholesky(K)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        assert capturing(K)
+        L = cholesky(K)
+    torch.cuda.current_stream().wait_stream(stream)
+    K.copy_(bad)
+    graph.replay()
+    assert torch.isnan(L).all() and not capturing(K)
+    K.copy_(2 * good)
+    graph.replay()
+    torch.testing.assert_close(L, cholesky(2 * good), rtol=1e-12, atol=0)
+
+
+def test_cuda_graph_non_finite_replay_runs_the_step_eagerly():
+    """A replay whose loss is not finite (a failed factor inside the graph) is run again
+    eagerly, where a failed factor is retried with more jitter: here the recorded objective
+    is NaN and the eager one is not, so every step is eager and training goes on."""
+    import pyro
+
+    from pyro_dgp.infer.elbo import AnalyticKL_ELBO
+
+    class NaNWhenRecorded(AnalyticKL_ELBO):
+        def differentiable_loss(self, model, guide, *args, **kwargs):
+            loss = super().differentiable_loss(model, guide, *args, **kwargs)
+            return loss * math.nan if torch.cuda.is_current_stream_capturing() else loss
+
+    data = _cuda_data()
+    pyro.clear_param_store()
+    model = dgp.DeepGP.regression(data.X_train, data.y_train, num_layers=2, num_inducing=8)
+    guide = dgp.guides.MeanField(model)
+    result = dgp.fit(model, guide, data.X_train, data.y_train, num_steps=4, progress=False,
+                     final_elbo_particles=0, cuda_graph=True, objective=NaNWhenRecorded())
+    assert result.graph_steps == 0 and len(result.losses) == 4
+    assert all(math.isfinite(loss) for loss in result.losses)
+
+
+@pytest.mark.parametrize("name", sorted(dgp.guides.registry.GUIDES))
+def test_cuda_graph_with_every_guide(name):
+    """Every registry guide trains with ``cuda_graph=True``: replayed where its objective
+    reads nothing back to the host (GRAPH_OBJECTIVES), else with a warning, eagerly."""
+    import warnings
+
+    import pyro
+
+    from pyro_dgp.guides.registry import make_guide
+    from pyro_dgp.infer.objectives import make_objective
+
+    data = _cuda_data()
+    pyro.clear_param_store()
+    model = model_for(name, data.X_train, data.y_train, num_layers=2, num_inducing=8)
+    guide = make_guide(name, model)
+    objective = type(make_objective("auto", guide)).__name__
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = dgp.fit(model, guide, data.X_train, data.y_train, num_steps=6, batch_size=24,
+                         progress=False, final_elbo_particles=2, cuda_graph=True)
+    assert all(math.isfinite(loss) for loss in result.losses)
+    assert math.isfinite(result.final_elbo)
+    failed = [str(w.message) for w in caught if "CUDA graph" in str(w.message)]
+    if objective in GRAPH_OBJECTIVES:
+        assert result.graph_steps == 5 and not failed, failed
+    else:
+        assert result.graph_steps == 5 or failed

@@ -383,3 +383,17 @@ def test_gplayer_conditional_adds_mean_function(mean, dout, expected, whiten):
         for s in range(3):
             ms, _ = layer.conditional(xb[s], loc)
             torch.testing.assert_close(mb[s], ms, rtol=1e-12, atol=1e-12)
+
+
+def test_nan_where_failed_marks_only_the_failed_factors():
+    """Inside a CUDA graph a failed factorisation cannot be read back: its factor becomes NaN
+    (the CUDA tests replay it); the others are kept as they are."""
+    from pyro_dgp.linalg import capturing, nan_where_failed
+
+    K = torch.stack([torch.tensor([[2.0, 0.5], [0.5, 1.0]]),
+                     torch.tensor([[1.0, 2.0], [2.0, 1.0]])]).double()
+    L, info = torch.linalg.cholesky_ex(K)
+    out = nan_where_failed(L, info)
+    assert torch.equal(out[0], torch.linalg.cholesky(K[0]))
+    assert torch.isnan(out[1]).all()
+    assert not capturing(K)

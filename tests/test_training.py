@@ -417,3 +417,20 @@ def test_resume_after_a_nan_gradient_goes_on(step, tmp_path):
         r = dgp.fit(model, guide, X, y, num_steps=10, seed=1, lr=0.005, progress=False,
                     checkpoint=ckpt, resume=True)
     assert r.resumed_from == 4 and all(math.isfinite(v) for v in r.losses)
+
+
+def test_cuda_graph_option_needs_cuda_data_and_a_plain_step(step):
+    """``cuda_graph=True`` names what it needs (the GPU tests run it: tests/test_cuda.py)."""
+    model = dgp.DeepGP.regression(step.X_train, step.y_train, num_layers=2, num_inducing=5)
+    guide = dgp.guides.MeanField(model)
+    with pytest.raises(ValueError, match="CUDA device; it is on cpu"):
+        dgp.fit(model, guide, step.X_train, step.y_train, num_steps=2, cuda_graph=True)
+    with pytest.raises(ValueError, match="does not combine with natural_gradient"):
+        dgp.fit(model, guide, step.X_train, step.y_train, num_steps=2, cuda_graph=True,
+                natural_gradient=0.5)
+    with pytest.raises(ValueError, match="does not combine with distributed"):
+        dgp.fit(model, guide, step.X_train, step.y_train, num_steps=2, cuda_graph=True,
+                distributed=True)
+    result = dgp.fit(model, guide, step.X_train, step.y_train, num_steps=2, progress=False,
+                     final_elbo_particles=0)
+    assert result.graph_steps == 0

@@ -163,7 +163,7 @@ def cmd_fit(args) -> int:
                      batch_size=B, lr=args.lr, objective=objective,
                      num_particles=args.particles, seed=args.seed, progress=not args.quiet,
                      checkpoint=checkpoint, resume=args.resume, threads=threads,
-                     distributed=world > 1)
+                     distributed=world > 1, cuda_graph=args.cuda_graph)
         if world > 1:
             rank = distributed.DataParallel().rank
             distributed.shutdown()

@@ -133,6 +133,9 @@ def _add_fit(sub) -> None:
     f.add_argument("--output", default="out/fit",
                    help="folder for fit.pt, metrics.json and the checkpoint")
     f.add_argument("--quiet", action="store_true", help="no progress bar")
+    f.add_argument("--cuda-graph", action="store_true",
+                   help="with --device cuda: record each step's kernels once as a CUDA graph "
+                        "and replay it (steps launch-bound on a GPU run several times faster)")
     f.add_argument("--timeout", type=_positive_float, default=300.0,
                    help="under torchrun (data-parallel, one process per rank): seconds a "
                         "process waits for the others before it stops with an error")

@@ -11,7 +11,7 @@ import torch
 from pyro.distributions.kl import _kl_independent_independent
 from torch.distributions import register_kl
 
-from ..linalg import CholeskyError
+from ..linalg import CholeskyError, capturing, nan_where_failed
 from .distributions import WhitenedPrior
 
 __all__ = ["gaussian_kl_to_layer_prior", "layer_gaussian_kl", "logdet_low_rank",
@@ -91,7 +91,9 @@ def logdet_low_rank(R, d):
     inner = torch.eye(R.shape[-1], dtype=R.dtype, device=R.device) + R.mT @ (R / d.unsqueeze(-1))
     # I + R^T D^-1 R >= I: it fails only on NaN/inf parameters
     L, info = torch.linalg.cholesky_ex(inner)
-    if bool(info.any()):
+    if capturing(inner):  # no read-back inside a CUDA graph: NaN reaches the loss instead
+        L = nan_where_failed(L, info)
+    elif bool(info.any()):
         raise CholeskyError("Coupled (low rank): the covariance factor or diagonal holds "
                             "NaN or inf values")
     return d.log().sum() + L.diagonal().log().sum() * 2

@@ -22,6 +22,7 @@ from .alpha import LocalAlpha
 from .batches import Batches, check_stream, model_dtype_device
 from .checkpoint import atomic_save, rng_state, safe_load, set_rng_state
 from .chunked import fit_elbo
+from .cuda_graph import GraphCaptureError, GraphedLoss
 from .distributed import DataParallel, PeerFailedError, check_objective, for_fit
 from .draws import check_guide_of
 from .minibatch import check_minibatch_scale
@@ -45,7 +46,8 @@ class FitResult:
     estimator of the guide whatever the training objective, averaged over
     ``final_elbo_particles`` draws on the training data; ``nan`` if not evaluated) and
     ``final_elbo_stderr`` its Monte Carlo standard error; ``seconds`` the wall time of the
-    run's steps, those of the calls it resumed included."""
+    run's steps, those of the calls it resumed included; ``graph_steps`` how many of them were
+    replays of a CUDA graph (``fit(cuda_graph=True)``)."""
 
     losses: list[float] = field(default_factory=list)
     num_steps: int = 0
@@ -53,6 +55,7 @@ class FitResult:
     resumed_from: int | None = None
     final_elbo: float = math.nan
     final_elbo_stderr: float = math.nan
+    graph_steps: int = 0
 
     def __repr__(self) -> str:
         last = f"{self.losses[-1]:.4g}" if self.losses else "none"
@@ -108,7 +111,7 @@ class _Training:
 
     def __init__(self, model, guide, elbo, batches: Batches, opt, params, generator, lr,
                  lr_decay, num_steps, path, natural: NaturalGradient | None = None,
-                 parallel: DataParallel | None = None, seed: int = 0):
+                 parallel: DataParallel | None = None, seed: int = 0, cuda_graph: bool = False):
         self.model, self.guide, self.elbo, self.batches = model, guide, elbo, batches
         self.device = batches.device
         self.opt, self.params, self.generator = opt, params, generator
@@ -120,6 +123,8 @@ class _Training:
         # data-parallel: this process's part (infer/distributed.py); only process 0 writes
         self.parallel, self.seed = parallel, seed
         self.writer = parallel is None or parallel.writer
+        # the step recorded as a CUDA graph after the first (validated, eager) step
+        self.cuda_graph, self.graphed = cuda_graph, None
 
     def progress_label(self, loss_per_point: float) -> dict[str, str]:
         """The progress bar's figure: ``elbo/pt`` for an ELBO, ``loss/pt`` for an objective
@@ -199,6 +204,32 @@ class _Training:
             # reaches them there, and every process stops at this step
             return math.nan, err
 
+    def graphed_loss_and_grads(self, args) -> tuple[float, Exception | None]:
+        """:meth:`loss_and_grads` by a replay of the recorded step (recorded at the first
+        call); a step whose loss is not finite is run again eagerly, where a failed Cholesky
+        factor is retried with more jitter (a graph cannot retry: its factor is NaN)."""
+        with pyro.validation_enabled(False):
+            if self.graphed is None:
+                try:
+                    self.graphed = GraphedLoss(
+                        lambda *a: self.elbo.differentiable_loss(self.model, self.guide, *a),
+                        self.params, args)
+                except GraphCaptureError as err:
+                    warnings.warn(f"{err}; training goes on without it", UserWarning,
+                                  stacklevel=5)
+                    self.cuda_graph = False
+                    self.opt.zero_grad()
+                    return self.loss_and_grads(-1, args)
+            if self.graphed.fits(*args):
+                loss = float(self.graphed(*args))
+                if math.isfinite(loss):
+                    self.result.graph_steps += 1
+                    return loss, None
+            try:
+                return float(self.graphed.eager(*args)), None
+            except CholeskyError as err:
+                return math.nan, err
+
     def diverged(self, step: int, loss: float, failure, step_rng) -> TrainingDivergedError:
         """Restore the last good parameters, checkpoint, and the error to raise."""
         with torch.no_grad():
@@ -218,11 +249,14 @@ class _Training:
         if self.lr_decay != 1:
             for group in self.opt.param_groups:
                 group["lr"] = self.lr * self.lr_decay ** (step / max(self.num_steps - 1, 1))
-        self.opt.zero_grad()
-        if self.parallel is not None:
-            self.parallel.step = step
-            self.parallel.seed_step(self.seed, step)
-        loss, failure = self.loss_and_grads(step, args)
+        if self.cuda_graph and step > self.start:
+            loss, failure = self.graphed_loss_and_grads(args)
+        else:
+            self.opt.zero_grad()
+            if self.parallel is not None:
+                self.parallel.step = step
+                self.parallel.seed_step(self.seed, step)
+            loss, failure = self.loss_and_grads(step, args)
         if self.parallel is not None:  # the gradient and loss of the global batch
             loss = self.parallel.all_reduce(self.params, loss)
             if failure is not None and step == self.start:
@@ -291,6 +325,7 @@ def fit(
     threads: int | None = None,
     natural_gradient=None,
     alpha: float = 0.5, num_samples: int = 10, distributed: bool = False,
+    cuda_graph: bool = False,
 ) -> FitResult:
     """Train ``guide`` (and the model's hyperparameters) by SVI.
 
@@ -320,11 +355,18 @@ def fit(
         CPU by the problem's size (:func:`pyro_dgp.infer.threads.threads_for`: one thread for
         small problems, where more only spin), on other devices as is.
     :param distributed: data-parallel over torchrun's processes (:mod:`pyro_dgp.infer.distributed`).
+    :param cuda_graph: on a GPU, record the objective's forward and backward pass as a CUDA
+        graph after the first step and replay it (:mod:`pyro_dgp.infer.cuda_graph`): the
+        kernels of a step are launched at once instead of one by one from Python. The same
+        computation and random draws; Python state the model reads is frozen at the second
+        step. For objectives with ``differentiable_loss``; not with ``natural_gradient`` or
+        ``distributed``. A step that cannot be recorded warns and trains eagerly.
     :raises TrainingDivergedError: on a NaN/inf loss or a Cholesky failure (parameters gone
         non-finite), after restoring the last good parameters and writing the checkpoint.
     """
     X, N, B = _check_arguments(model, X, y, num_steps, batch_size, lr, lr_decay, checkpoint_every)
     check_guide_of(model, guide, "fit")
+    _check_cuda_graph(cuda_graph, X, model, natural_gradient, distributed)
     batches, parallel = _batches(model, X, y, B, distributed, objective, natural_gradient)
     with num_threads(_threads(threads, model, batches, num_particles)):
         return _fit(model, guide, batches, parallel, num_steps=num_steps, lr=lr,
@@ -332,7 +374,19 @@ def fit(
                     progress=progress, checkpoint=checkpoint, checkpoint_every=checkpoint_every,
                     resume=resume, optimizer=optimizer, lr_decay=lr_decay, alpha=alpha,
                     final_elbo_particles=final_elbo_particles, num_samples=num_samples,
-                    natural_gradient=natural_gradient)
+                    natural_gradient=natural_gradient, cuda_graph=cuda_graph)
+
+
+def _check_cuda_graph(cuda_graph: bool, X, model, natural_gradient, distributed: bool) -> None:
+    if not cuda_graph:
+        return
+    if natural_gradient is not None or distributed:
+        what = "natural_gradient" if natural_gradient is not None else "distributed=True"
+        raise ValueError(f"cuda_graph=True does not combine with {what}: its step runs "
+                         "outside the objective's forward and backward pass")
+    device = X.device if isinstance(X, torch.Tensor) else model_dtype_device(model)[1]
+    if device.type != "cuda":
+        raise ValueError(f"cuda_graph=True needs the data on a CUDA device; it is on {device}")
 
 
 def _batches(model, X, y, B: int, distributed: bool, objective, natural_gradient):
@@ -355,7 +409,8 @@ def _threads(threads: int | None, model, batches: Batches, num_particles: int) -
 
 def _fit(model, guide, batches: Batches, parallel: DataParallel | None, *, num_steps, lr,
          objective, num_particles, seed, progress, checkpoint, checkpoint_every, resume,
-         optimizer, lr_decay, final_elbo_particles, natural_gradient, alpha, num_samples):
+         optimizer, lr_decay, final_elbo_particles, natural_gradient, alpha, num_samples,
+         cuda_graph):
     """:func:`fit` after its checks, with its thread count set."""
     if parallel is not None:
         seed = parallel.common_seed(seed)
@@ -365,6 +420,9 @@ def _fit(model, guide, batches: Batches, parallel: DataParallel | None, *, num_s
     generator = torch.Generator().manual_seed(
         seed if seed is not None else int(torch.randint(2**62, ()).item()))
     elbo = make_objective(objective, guide, num_particles, alpha=alpha, num_samples=num_samples)
+    if cuda_graph and not hasattr(elbo, "differentiable_loss"):
+        raise ValueError(f"cuda_graph=True needs an objective with differentiable_loss; "
+                         f"{type(elbo).__name__} has none")
     X0, y0 = batches.first()
     with torch.no_grad():
         guide(X0, y0)  # creates lazily-built variational parameters
@@ -381,7 +439,7 @@ def _fit(model, guide, batches: Batches, parallel: DataParallel | None, *, num_s
     path = Path(checkpoint) if checkpoint is not None else None
     natural = None if natural_gradient is None else NaturalGradient(guide, natural_gradient)
     training = _Training(model, guide, elbo, batches, opt, params, generator, lr, lr_decay,
-                         num_steps, path, natural, parallel, seed)
+                         num_steps, path, natural, parallel, seed, cuda_graph)
     if resume:
         training.resume()
         if natural is not None:

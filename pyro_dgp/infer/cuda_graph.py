@@ -1,0 +1,108 @@
+"""A training step's forward and backward pass recorded once as a CUDA graph, then replayed.
+
+On a GPU a deep GP's step is a few hundred small kernels (kernel matrices of ``M = 128``
+points, triangular solves, a Cholesky factor per layer), each finished in microseconds: the
+step's time is the time Python, Pyro's tracing and PyTorch's dispatcher take to launch them,
+not the GPU's. A CUDA graph (:class:`torch.cuda.CUDAGraph`) records the kernels of one
+evaluation of the objective and its gradient and replays all of them with one launch, so that
+the step costs what the GPU needs.
+
+What is recorded: ``loss = loss_fn(*inputs)`` and ``loss.backward()`` (model, guide,
+objective and their gradients). What is not: the copy of each step's minibatch into the
+graph's input buffers, the optimiser's step (so that learning-rate schedules and the repair
+after a divergence stay as they are) and the finiteness check of the loss.
+
+A replay repeats the recorded kernels on the same memory, so the step must be the same
+computation every time:
+
+- the inputs keep their shapes (a step whose minibatch has another shape runs eagerly);
+- nothing in ``loss_fn`` reads a value back to the host (Pyro's validation off, no ``.item()``;
+  :func:`pyro_dgp.linalg.cholesky` returns a NaN factor for a failed factorisation while a
+  graph is being recorded, instead of retrying with more jitter: the loss is then NaN and the
+  caller runs that step again eagerly, where the retry happens);
+- random draws come from torch's default CUDA generator, which each replay advances by what
+  the recorded kernels drew, as the eager step would;
+- Python state that ``loss_fn`` reads (a schedule, a counter) is frozen at its value while
+  recording.
+
+Recording can fail (an operation that reads back to the host, say); :class:`GraphedLoss`
+then raises :class:`GraphCaptureError` with the reason, and :func:`~pyro_dgp.fit` warns and
+trains eagerly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+__all__ = ["GraphCaptureError", "GraphedLoss"]
+
+
+class GraphCaptureError(RuntimeError):
+    """Recording the step as a CUDA graph failed."""
+
+
+class GraphedLoss:
+    """``loss_fn(*inputs)`` and its gradients with respect to ``params``, recorded as one CUDA
+    graph on construction and replayed on each call.
+
+    :param loss_fn: ``(*inputs) -> loss``, a scalar tensor on a CUDA device.
+    :param params: the tensors whose ``.grad`` the backward pass fills; their ``.grad`` become
+        the graph's own buffers, overwritten (not accumulated into) by each replay, so the
+        caller must not set them to ``None`` (``optimizer.zero_grad()``) between replays.
+    :param example_inputs: tensors of the shapes, dtypes and device of every later call's
+        inputs (the buffers the graph reads are copies of them).
+    """
+
+    def __init__(self, loss_fn: Callable[..., torch.Tensor], params: Sequence[torch.Tensor],
+                 example_inputs: Sequence[torch.Tensor]):
+        self.loss_fn, self.params = loss_fn, list(params)
+        self.inputs = [x.detach().clone() for x in example_inputs]
+        device = self.inputs[0].device
+        if device.type != "cuda":
+            raise ValueError(f"a CUDA graph needs inputs on a CUDA device, not {device}")
+        self.graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        try:
+            # one evaluation on the recording stream first, with the random stream restored
+            # after it: libraries' handles and workspaces for that stream are made outside the
+            # recording, and the draws of training are not moved on
+            with torch.random.fork_rng(devices=[device]), torch.cuda.stream(stream):
+                loss_fn(*self.inputs).backward()
+            for p in self.params:
+                p.grad = None  # the recorded backward pass allocates them in the graph's pool
+            with torch.cuda.graph(self.graph, stream=stream):
+                loss = loss_fn(*self.inputs)
+                loss.backward()
+        except RuntimeError as err:
+            for p in self.params:
+                p.grad = None
+            torch.cuda.synchronize(device)
+            raise GraphCaptureError(f"recording the step as a CUDA graph failed: {err}") from err
+        torch.cuda.current_stream(device).wait_stream(stream)
+        self.loss = loss.detach()
+
+    def fits(self, *inputs: torch.Tensor) -> bool:
+        """Whether ``inputs`` have the recorded shapes, dtypes and device."""
+        return len(inputs) == len(self.inputs) and all(
+            x.shape == s.shape and x.dtype == s.dtype and x.device == s.device
+            for x, s in zip(inputs, self.inputs, strict=True))
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """Replay on ``inputs``: the loss, a 0-dim tensor (read it after the replay's kernels,
+        e.g. ``float(loss)``), and the gradients in ``p.grad``."""
+        for buffer, x in zip(self.inputs, inputs, strict=True):
+            buffer.copy_(x)
+        self.graph.replay()
+        return self.loss
+
+    def eager(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """The same evaluation without the graph (into the same ``.grad`` buffers)."""
+        for p in self.params:
+            if p.grad is not None:
+                p.grad.zero_()
+        loss = self.loss_fn(*inputs)
+        loss.backward()
+        return loss.detach()
