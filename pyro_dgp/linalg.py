@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import torch
 
 __all__ = [
     "MAX_JITTER", "CholeskyError", "NumericalWarning", "capturing", "cholesky", "default_jitter",
-    "nan_where_failed",
+    "nan_where_failed", "recording_graph",
 ]
 
 
@@ -20,10 +21,25 @@ class NumericalWarning(UserWarning):
     """A numerical fix-up (more jitter) was needed."""
 
 
+_RECORDING = [False]
+
+
+@contextlib.contextmanager
+def recording_graph():
+    """Within: the computation is recorded as a CUDA graph, or run to check that it can be
+    (:mod:`pyro_dgp.infer.cuda_graph`): code that would read a value back to the host
+    (to retry a failed factorisation, say) takes a path that does not."""
+    previous, _RECORDING[0] = _RECORDING[0], True
+    try:
+        yield
+    finally:
+        _RECORDING[0] = previous
+
+
 def capturing(t: torch.Tensor) -> bool:
-    """Whether a CUDA graph is being recorded on the current stream of ``t``'s device
-    (:mod:`pyro_dgp.infer.cuda_graph`): then no value can be read back to the host."""
-    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+    """Whether ``t`` is on a GPU inside :func:`recording_graph` or while a CUDA graph is being
+    recorded on its device's current stream: then no value of it can be read back."""
+    return t.is_cuda and (_RECORDING[0] or torch.cuda.is_current_stream_capturing())
 
 
 def nan_where_failed(L: torch.Tensor, info: torch.Tensor) -> torch.Tensor:

@@ -32,9 +32,12 @@ trains eagerly.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 
 import torch
+
+from ..linalg import recording_graph
 
 __all__ = ["GraphCaptureError", "GraphedLoss"]
 
@@ -66,23 +69,34 @@ class GraphedLoss:
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         try:
-            # one evaluation on the recording stream first, with the random stream restored
-            # after it: libraries' handles and workspaces for that stream are made outside the
-            # recording, and the draws of training are not moved on
-            with torch.random.fork_rng(devices=[device]), torch.cuda.stream(stream):
+            # One evaluation on the recording stream first: libraries' handles and workspaces
+            # for that stream are made outside the recording, and an operation that reads a
+            # value back to the host (which a graph cannot hold) is named here, by torch's
+            # synchronisation check, before any recording starts. The random stream is
+            # restored after it: the draws of training do not move on.
+            with (torch.random.fork_rng(devices=[device]), torch.cuda.stream(stream),
+                  recording_graph(), _sync_is_error()):
                 loss_fn(*self.inputs).backward()
-            for p in self.params:
-                p.grad = None  # the recorded backward pass allocates them in the graph's pool
-            with torch.cuda.graph(self.graph, stream=stream):
+        except RuntimeError as err:
+            self._clear_grads()
+            raise GraphCaptureError(
+                f"the step cannot be recorded as a CUDA graph: {_first_line(err)}") from err
+        self._clear_grads()  # the recorded backward pass allocates them in the graph's pool
+        try:
+            with recording_graph(), torch.cuda.graph(self.graph, stream=stream):
                 loss = loss_fn(*self.inputs)
                 loss.backward()
         except RuntimeError as err:
-            for p in self.params:
-                p.grad = None
-            torch.cuda.synchronize(device)
-            raise GraphCaptureError(f"recording the step as a CUDA graph failed: {err}") from err
+            self._clear_grads()
+            _end_generator_capture(device, stream)
+            raise GraphCaptureError(
+                f"recording the step as a CUDA graph failed: {_first_line(err)}") from err
         torch.cuda.current_stream(device).wait_stream(stream)
         self.loss = loss.detach()
+
+    def _clear_grads(self) -> None:
+        for p in self.params:
+            p.grad = None
 
     def fits(self, *inputs: torch.Tensor) -> bool:
         """Whether ``inputs`` have the recorded shapes, dtypes and device."""
@@ -106,3 +120,30 @@ class GraphedLoss:
         loss = self.loss_fn(*inputs)
         loss.backward()
         return loss.detach()
+
+
+@contextlib.contextmanager
+def _sync_is_error():
+    """Within: an operation that makes the host wait for the GPU raises (torch's check)."""
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+
+
+def _end_generator_capture(device: torch.device, stream: torch.cuda.Stream) -> None:
+    """After a recording that failed part way, the default CUDA generator still counts its
+    draws as the graph's (torch closes that only at a successful end): a recording of one
+    draw that ends normally closes it, and the generator's state is as before the failure."""
+    try:
+        with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=stream):
+            torch.empty(1, device=device).normal_()
+    except RuntimeError:
+        pass
+    torch.cuda.synchronize(device)
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

@@ -33,8 +33,8 @@ import torch
 from pyro import poutine
 from pyro.distributions.kl import kl_divergence
 from pyro.distributions.torch_distribution import MaskedDistribution
-from pyro.distributions.util import scale_and_mask
-from pyro.infer import TraceMeanField_ELBO
+from pyro.distributions.util import is_identically_zero, scale_and_mask
+from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from pyro.infer.util import check_fully_reparametrized, is_validation_enabled, torch_item
 from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.trace_messenger import TraceMessenger
@@ -43,8 +43,8 @@ from pyro.poutine.util import prune_subsample_sites
 from ..guides.base import LayerGuide
 from ..guides.prototype import is_vectorising
 
-__all__ = ["AnalyticKL_ELBO", "LossFromDifferentiable", "log_prob_sum", "model_and_guide_traces",
-           "plated_traces", "single_pass"]
+__all__ = ["AnalyticKL_ELBO", "LossFromDifferentiable", "ReparamTrace_ELBO", "log_prob_sum",
+           "model_and_guide_traces", "plated_traces", "single_pass"]
 
 
 def _masked_out(site: dict) -> bool:
@@ -119,6 +119,38 @@ class LossFromDifferentiable:
         loss = self.differentiable_loss(model, guide, *args, **kwargs)
         loss.backward()
         return float(loss.detach())
+
+
+class ReparamTrace_ELBO(Trace_ELBO):  # noqa: N801 (Pyro's naming of ELBO classes)
+    """Pyro's ``Trace_ELBO`` whose ``differentiable_loss`` reads nothing back to the host.
+
+    Pyro's sums the ELBO's value as Python floats (one ``.item()`` per site) and checks the
+    loss for NaN: each makes the host wait for the GPU, and a step that waits cannot be
+    recorded as a CUDA graph (:mod:`pyro_dgp.infer.cuda_graph`). Where every guide site is
+    reparametrised (score-function terms zero) Pyro's surrogate objective is the ELBO itself,
+    so here the loss is ``-(sum log p - sum log q)`` as one tensor: the same value (summed
+    in the tensors' dtype) and gradient. A particle with a site that is not reparametrised
+    is evaluated by Pyro's own code (value and surrogate gradient).
+    """
+
+    def differentiable_loss(self, model, guide, *args, **kwargs):
+        loss = 0.0
+        for model_trace, guide_trace in self._get_traces(model, guide, args, kwargs):
+            guide_sites = [s for s in guide_trace.nodes.values() if s["type"] == "sample"]
+            if any(not is_identically_zero(s["score_parts"].score_function)
+                   for s in guide_sites):
+                value, surrogate = self._differentiable_loss_particle(model_trace, guide_trace)
+                particle = surrogate + (value - surrogate.detach())
+            else:  # the terms in Pyro's order: the same rounding, value and gradient
+                elbo = 0.0
+                for site in model_trace.nodes.values():
+                    if site["type"] == "sample":
+                        elbo = elbo + site["log_prob_sum"]
+                for site in guide_sites:
+                    elbo = elbo - site["score_parts"].entropy_term.sum()
+                particle = -elbo
+            loss = loss + particle / self.num_particles
+        return loss
 
 
 class AnalyticKL_ELBO(TraceMeanField_ELBO):  # noqa: N801 (Pyro's naming of ELBO classes)

@@ -7,7 +7,7 @@ import warnings
 from dataclasses import dataclass
 
 import torch
-from pyro.infer import ELBO, RenyiELBO, Trace_ELBO, TraceMeanField_ELBO
+from pyro.infer import ELBO, RenyiELBO, TraceMeanField_ELBO
 
 from ..errors import user_errors_first
 from ..guides.amortized import Amortized
@@ -15,7 +15,7 @@ from ..rng import seeded
 from ..validation import check_inputs, check_positive_int, check_targets
 from .alpha import LocalAlpha
 from .amortized import AmortizedELBO
-from .elbo import AnalyticKL_ELBO
+from .elbo import AnalyticKL_ELBO, ReparamTrace_ELBO
 from .importance import RenyiELBO as ImportanceRenyiELBO
 from .importance import check_importance_weights
 
@@ -23,7 +23,9 @@ __all__ = ["ELBOEstimate", "evaluate_elbo", "make_objective"]
 
 
 _OBJECTIVES = {
-    "elbo": lambda p, v: Trace_ELBO(num_particles=p, vectorize_particles=v, max_plate_nesting=1),
+    # Trace_ELBO's estimator without its read-backs to the host (a CUDA graph can hold it)
+    "elbo": lambda p, v: ReparamTrace_ELBO(num_particles=p, vectorize_particles=v,
+                                           max_plate_nesting=1),
     "meanfield": lambda p, v: AnalyticKL_ELBO(
         num_particles=p, vectorize_particles=v, max_plate_nesting=1
     ),
