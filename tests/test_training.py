@@ -226,8 +226,11 @@ def test_minibatches_scale_the_likelihood(step):
     h1, h2 = torch.tensor(h1, dtype=torch.float64), torch.tensor(h2, dtype=torch.float64)
     h = (h1.mean() + h2.mean()) / 2
     se = math.sqrt(float(f.var() / len(f) + (h1.var() / len(h1) + h2.var() / len(h2)) / 4))
-    assert abs(float(f.mean() - h)) < 4 * se
-    assert abs(float(h1.mean() - h2.mean())) > 4 * se  # the halves differ: stratifying matters
+    # the collapsed guide's loss has no Monte Carlo noise here: se is rounding, and the sums
+    # over 100 and 50 points round differently on different vector units
+    rounding = 1e-12 * abs(float(h))
+    assert abs(float(f.mean() - h)) < 4 * se + rounding
+    assert abs(float(h1.mean() - h2.mean())) > 4 * se + rounding  # the halves differ
 
 
 def test_classification_on_a_2d_toy():
