@@ -33,6 +33,7 @@ trains eagerly.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -126,7 +127,9 @@ class GraphedLoss:
 def _sync_is_error():
     """Within: an operation that makes the host wait for the GPU raises (torch's check)."""
     previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
+    with warnings.catch_warnings():  # torch's note that the check is a prototype, each time
+        warnings.filterwarnings("ignore", message="Synchronization debug mode")
+        torch.cuda.set_sync_debug_mode("error")
     try:
         yield
     finally:
