@@ -113,9 +113,13 @@ def test_objectives_on_cuda(name, objective, cuda_graph):
     pyro.clear_param_store()
     model = dgp.DeepGP.regression(data.X_train, data.y_train, num_layers=2, num_inducing=8)
     guide = make_guide(name, model)
-    result = dgp.fit(model, guide, data.X_train, data.y_train, num_steps=5, objective=objective,
-                     num_particles=2, progress=False, final_elbo_particles=0,
-                     cuda_graph=cuda_graph)
+    kwargs = dict(num_steps=5, objective=objective, num_particles=2, progress=False,
+                  final_elbo_particles=0, cuda_graph=cuda_graph)
+    if cuda_graph and objective == "renyi":  # its per-draw weights are not a differentiable_loss
+        with pytest.raises(ValueError, match="RenyiELBO has none"):
+            dgp.fit(model, guide, data.X_train, data.y_train, **kwargs)
+        return
+    result = dgp.fit(model, guide, data.X_train, data.y_train, **kwargs)
     assert all(math.isfinite(loss) for loss in result.losses)
     assert result.graph_steps == (4 if cuda_graph else 0)
 
@@ -247,10 +251,16 @@ def test_cuda_graph_of_a_step_that_reads_back_trains_eagerly_with_the_same_draws
     assert graph.graph_steps == 0 and graph.losses == eager.losses
 
 
+#: torch's LowRankMultivariateNormal factors its capacitance matrix with
+#: ``torch.linalg.cholesky``, which reads its error code back to the host
+READS_BACK = {"autolowrank"}
+
+
 @pytest.mark.parametrize("name", sorted(dgp.guides.registry.GUIDES))
 def test_cuda_graph_with_every_guide(name):
-    """Every registry guide's step is recorded and replayed: its objective ("auto") reads
-    nothing back to the host."""
+    """Every registry guide's step is recorded and replayed (its objective, "auto", reads
+    nothing back to the host), but for READS_BACK, which trains eagerly with a warning that
+    names the reason."""
     import warnings
 
     import pyro
@@ -268,4 +278,8 @@ def test_cuda_graph_with_every_guide(name):
     assert all(math.isfinite(loss) for loss in result.losses)
     assert math.isfinite(result.final_elbo)
     failed = [str(w.message) for w in caught if "CUDA graph" in str(w.message)]
-    assert result.graph_steps == 5 and not failed, failed
+    if name in READS_BACK:
+        assert result.graph_steps == 0
+        assert failed and "synchronizing CUDA operation" in failed[0], failed
+    else:
+        assert result.graph_steps == 5 and not failed, failed

@@ -40,7 +40,7 @@ import torch
 
 from ..linalg import recording_graph
 
-__all__ = ["GraphCaptureError", "GraphedLoss"]
+__all__ = ["GraphCaptureError", "GraphedLoss", "side_stream"]
 
 
 class GraphCaptureError(RuntimeError):
@@ -57,6 +57,9 @@ class GraphedLoss:
         caller must not set them to ``None`` (``optimizer.zero_grad()``) between replays.
     :param example_inputs: tensors of the shapes, dtypes and device of every later call's
         inputs (the buffers the graph reads are copies of them).
+
+    The recording stream is the current one where that is not the device's default stream
+    (:func:`side_stream`: steps before it ran there too), else a new stream.
     """
 
     def __init__(self, loss_fn: Callable[..., torch.Tensor], params: Sequence[torch.Tensor],
@@ -67,8 +70,10 @@ class GraphedLoss:
         if device.type != "cuda":
             raise ValueError(f"a CUDA graph needs inputs on a CUDA device, not {device}")
         self.graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
+        stream = torch.cuda.current_stream(device)
+        if stream == torch.cuda.default_stream(device):  # a graph is not recorded there
+            stream = torch.cuda.Stream(device)
+            stream.wait_stream(torch.cuda.current_stream(device))
         try:
             # One evaluation on the recording stream first: libraries' handles and workspaces
             # for that stream are made outside the recording, and an operation that reads a
@@ -92,7 +97,7 @@ class GraphedLoss:
             _end_generator_capture(device, stream)
             raise GraphCaptureError(
                 f"recording the step as a CUDA graph failed: {_first_line(err)}") from err
-        torch.cuda.current_stream(device).wait_stream(stream)
+        torch.cuda.current_stream(device).wait_stream(stream)  # a no-op on the same stream
         self.loss = loss.detach()
 
     def _clear_grads(self) -> None:
@@ -121,6 +126,23 @@ class GraphedLoss:
         loss = self.loss_fn(*inputs)
         loss.backward()
         return loss.detach()
+
+
+@contextlib.contextmanager
+def side_stream(device: torch.device):
+    """Run the block on a new stream of ``device``, after the work queued before it and before
+    the work queued after it. Training that will be recorded runs all its steps there: a
+    parameter's gradient accumulator belongs to the stream of the step that made it, and one
+    kept alive from a step on another stream (by a cached tensor of a transform, say) would
+    make the recorded backward pass wait across streams, which a recording cannot hold."""
+    current = torch.cuda.current_stream(device)
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(current)
+    try:
+        with torch.cuda.stream(stream):
+            yield stream
+    finally:
+        current.wait_stream(stream)
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -22,7 +23,7 @@ from .alpha import LocalAlpha
 from .batches import Batches, check_stream, model_dtype_device
 from .checkpoint import atomic_save, rng_state, safe_load, set_rng_state
 from .chunked import fit_elbo
-from .cuda_graph import GraphCaptureError, GraphedLoss
+from .cuda_graph import GraphCaptureError, GraphedLoss, side_stream
 from .distributed import DataParallel, PeerFailedError, check_objective, for_fit
 from .draws import check_guide_of
 from .minibatch import check_minibatch_scale
@@ -273,12 +274,16 @@ class _Training:
         return loss
 
     def run(self, progress: bool, checkpoint_every: int) -> FitResult:
-        N, losses = self.batches.num_data, self.result.losses
         progress = progress and self.writer
         self.t0 = time.perf_counter()
         self.last_good = [p.detach().clone() for p in self.params]
         bar = tqdm(total=self.num_steps, initial=self.start, disable=not progress, desc="SVI",
                    leave=False)
+        with side_stream(self.device) if self.cuda_graph else contextlib.nullcontext():
+            return self._run(bar, progress, checkpoint_every)
+
+    def _run(self, bar, progress: bool, checkpoint_every: int) -> FitResult:
+        N, losses = self.batches.num_data, self.result.losses
         step, step_rng = self.start, None
         try:
             for step in range(self.start, self.num_steps):
