@@ -295,6 +295,36 @@ def alpha_summary(records: list[dict]) -> list[str]:
     return lines + [""]
 
 
+def graph_summary(records: list[dict]) -> list[str]:
+    """The GPU rows of the speed benchmark that time the step replayed from a CUDA graph
+    (``graph``, what ``fit(cuda_graph=True)`` runs; ``plain-graph``, the floor replayed),
+    beside the eager step and GPyTorch's: one line per layers, batch and dtype."""
+    rows = []
+    for rec in records:
+        settings, ms = rec["settings"], (rec.get("figures") or {}).get("ms_per_step") or {}
+        if settings.get("device") != "cuda" or "graph" not in ms:
+            continue
+        rows.append((settings["num_layers"], settings["batch_size"], settings["dtype"],
+                     settings["num_inducing"], settings["hidden_dim"], ms))
+    if not rows:
+        return []
+
+    def ratio(a, b):
+        return "" if a is None or b is None else f"{a / b:.2f}"
+
+    lines = ["The GPU rows above, the step replayed from a CUDA graph (`graph`: "
+             "`fit(cuda_graph=True)`'s step; `plain-graph`: the plain floor replayed) beside "
+             "the eager steps, ms per step:", "",
+             _row(["layers", "M", "H", "batch", "dtype", "ours (eager)", "graph", "plain-graph",
+                   "gpytorch", "graph / plain-graph", "graph / gpytorch"]),
+             "|" + "---|" * 11]
+    for L, B, dtype, M, H, ms in sorted(rows, key=lambda r: r[:5]):
+        g, pg, gp = ms.get("graph"), ms.get("plain-graph"), ms.get("gpytorch")
+        lines.append(_row([str(L), str(M), str(H), str(B), dtype, number(ms.get("ours")),
+                           number(g), number(pg), number(gp), ratio(g, pg), ratio(g, gp)]))
+    return lines + [""]
+
+
 def _machines(records: list[dict]) -> str:
     names = set()
     for rec in records:
@@ -329,6 +359,8 @@ def render(directory: Path) -> str:
         out += table(name, records)
         if name == "uci":
             out += alpha_summary(records)
+        if name == "speed":
+            out += graph_summary(records)
     return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).rstrip() + "\n"
 
 

@@ -138,3 +138,18 @@ def test_alpha_summary_puts_the_alphas_side_by_side_and_marks_the_best():
     assert lines[5] == "| b | meanfield |  | **-1.000 (0.010) / 0.5** | -1.200 (0.010) / 0.5 |"
     assert len(lines) == 7 and lines[-1] == ""
     assert report.alpha_summary(records[4:]) == []
+
+
+def test_graph_summary_lines_up_the_replayed_steps_of_the_gpu_rows():
+    def rec(L, B, device="cuda", **ms):
+        return {"settings": {"num_layers": L, "batch_size": B, "dtype": "float64",
+                             "num_inducing": 128, "hidden_dim": 8, "device": device},
+                "figures": {"ms_per_step": ms}}
+    records = [rec(3, 10000, ours=24.0, graph=3.6, **{"plain-graph": 3.0}, gpytorch=36.0),
+               rec(2, 1024, ours=16.0, graph=2.0),
+               rec(2, 1024, device="cpu", ours=9.0, graph=1.0), rec(3, 1024, ours=20.0)]
+    lines = report.graph_summary(records)
+    assert lines[4] == "| 2 | 128 | 8 | 1024 | float64 | 16.0 | 2.0 |  |  |  |  |"
+    assert lines[5] == "| 3 | 128 | 8 | 10000 | float64 | 24.0 | 3.6 | 3.0 | 36.0 | 1.20 | 0.10 |"
+    assert len(lines) == 7 and lines[-1] == ""
+    assert report.graph_summary(records[2:]) == []
