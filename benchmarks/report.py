@@ -15,8 +15,8 @@ from pathlib import Path
 from results import default_dir, read
 
 ROOT = Path(__file__).resolve().parents[1]
-ORDER = ("uci", "compositional", "compositional_elbo_terms", "speed", "threads", "exact_gp",
-         "amortized", "scale", "semi_implicit")
+ORDER = ("uci", "compositional", "compositional_elbo_terms", "speed", "speed_guides", "threads",
+         "exact_gp", "amortized", "scale", "semi_implicit")
 TITLES = {
     "uci": "UCI regression",
     "amortized": "Amortized guides (AVDGP, Meng and Zhang 2024) against DS-DGP, standardised "
@@ -24,6 +24,7 @@ TITLES = {
     "compositional": "Compositional uncertainty (Table 1 of Ustyuzhaninov et al. 2020)",
     "compositional_elbo_terms": "Compositional uncertainty: the ELBO's terms",
     "speed": "Step time against GPyTorch and the plain floor",
+    "speed_guides": "Step time of fit by guide, eager and replayed from a CUDA graph",
     "threads": "Step time by torch thread count, on a quiet and on a busy machine",
     "exact_gp": "Exact-GP control",
     "semi_implicit": "Semi-implicit guides against the gold standard (NUTS on the ELBO's optimal "

@@ -520,6 +520,45 @@ def time_config(cfg: Config, names, warmup: int, repeats: int) -> dict:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+def time_guides(cfg: Config, guides, steps: int) -> dict[str, dict]:
+    """ms per step of :func:`pyro_dgp.fit` (``fit``'s own ``seconds`` over ``steps`` steps,
+    the first, validated step and the recording included) for each registry guide, eager and,
+    on CUDA, with ``cuda_graph=True``. The amortized guides fit the AVDGP model they need
+    (``gp.avdgp_regression``'s defaults: widths 16, 4 and M = 8, 4, 4), the others the
+    configuration's DSVI model."""
+    import pyro
+
+    import pyro_dgp as dgp
+    from pyro_dgp.guides.registry import LOCAL_INDUCING_GUIDES, make_guide
+
+    X, y = make_data(cfg)
+
+    def run(name, cuda_graph, num_steps):
+        pyro.clear_param_store()
+        if name in LOCAL_INDUCING_GUIDES:
+            model = dgp.gp.avdgp_regression(X, y, seed=cfg.seed)
+        else:
+            model = dgp.DeepGP.regression(X, y, num_layers=cfg.num_layers,
+                                          hidden_dim=cfg.hidden_dim,
+                                          num_inducing=cfg.num_inducing, seed=cfg.seed)
+        guide = make_guide(name, model)
+        return dgp.fit(model, guide, X, y, num_steps=num_steps, batch_size=cfg.batch_size,
+                       progress=False, final_elbo_particles=0, cuda_graph=cuda_graph,
+                       seed=cfg.seed)
+
+    run(guides[0], False, 3)  # libraries' first-call set-up, outside the timings
+    out = {}
+    for name in guides:
+        row = {}
+        for cuda_graph in (False, True) if cfg.device.startswith("cuda") else (False,):
+            result = run(name, cuda_graph, steps)
+            row["graph" if cuda_graph else "eager"] = 1000 * result.seconds / steps
+            if cuda_graph:
+                row["graph_steps"] = result.graph_steps
+        out[name] = row
+    return out
+
+
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -566,6 +605,8 @@ def memory_config(cfg: Config, name: str) -> float:
 def _worker(spec: dict) -> dict:
     torch.set_num_threads(spec["threads"])
     cfg = Config(**spec["cfg"])
+    if spec["kind"] == "guides":
+        return time_guides(cfg, spec["names"], spec["steps"])
     if spec["kind"] == "time":
         return time_config(cfg, spec["names"], spec["warmup"], spec["repeats"])
     return {spec["names"][0]: memory_config(cfg, spec["names"][0])}
@@ -608,6 +649,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"default: {' '.join(IMPLEMENTATIONS)}, on CUDA also "
                         f"{' '.join(GRAPHED)}")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
+    p.add_argument("--guides", nargs="+", metavar="NAME",
+                   help="instead: ms per step of fit with these registry guides, eager and (on "
+                        "CUDA) with cuda_graph=True, over --steps steps")
+    p.add_argument("--steps", type=int, default=300, help="steps per --guides timing")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-record", action="store_true",
                    help="do not append the rows to benchmarks/results/speed.jsonl")
@@ -662,6 +707,8 @@ def main(argv=None) -> int:
         Config(L, M, B, H, args.input_dim, args.num_data, args.dtype, args.device, args.seed)
         for L in args.layers for M in args.inducing for B in args.batch for H in hidden
     ]
+    if args.guides:
+        return _guides_main(args, configs)
     rows = []
     for cfg in configs:
         spec = {"cfg": asdict(cfg), "threads": args.threads, "names": names,
@@ -703,6 +750,28 @@ def main(argv=None) -> int:
         lines += [""] + table + [""]
         with open(args.append, "a") as f:
             f.write("\n".join(lines))
+    return 0
+
+
+def _guides_main(args, configs) -> int:
+    """``--guides``: one worker per configuration, one line per guide."""
+    print("| config | guide | eager ms | cuda_graph ms | eager / cuda_graph |")
+    print("|---|---|---|---|---|")
+    for cfg in configs:
+        spec = {"cfg": asdict(cfg), "threads": args.threads, "names": list(args.guides),
+                "steps": args.steps, "kind": "guides"}
+        for name, row in _run_worker(spec).items():
+            graph = row.get("graph")
+            print(f"| {cfg.label} | {name} | {row['eager']:.2f} | {_fmt(graph, '.2f')} | "
+                  f"{_fmt(None if graph is None else row['eager'] / graph, '.1f')} |",
+                  flush=True)
+            if not args.no_record:
+                results.record("speed_guides", {**asdict(cfg), "threads": args.threads,
+                                                "guide": name, "steps": args.steps},
+                               {"ms_per_step": {k: v for k, v in row.items()
+                                                if k != "graph_steps"},
+                                **({"graph_steps": row["graph_steps"]}
+                                   if "graph_steps" in row else {})})
     return 0
 
 

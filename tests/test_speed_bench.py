@@ -134,6 +134,25 @@ def test_command_line_table_and_markdown(tmp_path, capsys):
     assert "## Speed" in text and "torch " in text and "--num-data 90" in text
 
 
+def test_guides_timing_records_one_line_per_guide(tmp_path, capsys, monkeypatch):
+    """``--guides``: fit's ms per step for each guide named (eager only on the CPU; the
+    amortized guide on the AVDGP model), one result line each; the graph mode on CUDA
+    (tests/test_cuda.py covers the option itself)."""
+    import json
+
+    monkeypatch.setenv("PYRO_DGP_RESULTS_DIR", str(tmp_path))
+    args = ["--guides", "meanfield", "amortized-ar2p", "--layers", "2", "--inducing", "6",
+            "--batch", "30", "--hidden", "2", "--input-dim", "3", "--num-data", "90",
+            "--steps", "2", "--threads", "1"]
+    assert main(args) == 0
+    table = capsys.readouterr().out
+    assert "| L=2 M=6 B=30 H=2 | meanfield |" in table and "| amortized-ar2p |" in table
+    records = [json.loads(line) for line in (tmp_path / "speed_guides.jsonl").open()]
+    assert [r["settings"]["guide"] for r in records] == ["meanfield", "amortized-ar2p"]
+    assert all(r["figures"]["ms_per_step"]["eager"] > 0 for r in records)
+    assert all("graph" not in r["figures"]["ms_per_step"] for r in records)
+
+
 def test_plain_pyro_svi_computes_the_same_loss_and_gradients_as_ours():
     """``svi`` (pyro.infer.SVI, TraceMeanField_ELBO, pyro.optim.Adam) trains the same model
     from the same initial values: from the same seed its loss and the gradients of every
