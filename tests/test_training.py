@@ -437,3 +437,71 @@ def test_cuda_graph_option_needs_cuda_data_and_a_plain_step(step):
     result = dgp.fit(model, guide, step.X_train, step.y_train, num_steps=2, progress=False,
                      final_elbo_particles=0)
     assert result.graph_steps == 0
+
+
+def test_a_replay_that_misleads_the_optimiser_is_taken_back(step, monkeypatch):
+    """``fit(cuda_graph=True)``'s guard, here with a stand-in for the CUDA graph whose
+    replays give the right loss but NaN gradients: the next loss is NaN even eagerly, so fit
+    takes that update back, warns, and trains eagerly to the end (tests/test_cuda.py runs
+    the real graph)."""
+    import contextlib
+
+    import pyro_dgp.infer.training as training
+
+    class NaNGradientReplays:
+        def __init__(self, loss_fn, params, example_inputs):
+            self.loss_fn, self.params = loss_fn, list(params)
+
+        def fits(self, *inputs):
+            return True
+
+        def _backward(self, inputs):
+            for p in self.params:
+                p.grad = None
+            loss = self.loss_fn(*inputs)
+            loss.backward()
+            return loss.detach()
+
+        def __call__(self, *inputs):
+            try:
+                loss = self._backward(inputs)
+            except CholeskyError:  # a replay does not raise: its failed factor is NaN
+                return torch.tensor(math.nan)
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.fill_(math.nan)
+            return loss
+
+        def eager(self, *inputs):
+            return self._backward(inputs)
+
+    monkeypatch.setattr(training, "_check_cuda_graph", lambda *a: None)
+    monkeypatch.setattr(training, "side_stream", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(training, "GraphedLoss", NaNGradientReplays)
+    model = dgp.DeepGP.regression(step.X_train, step.y_train, num_layers=2, num_inducing=5)
+    guide = dgp.guides.MeanField(model)
+    with pytest.warns(UserWarning, match="update was taken back"):
+        result = dgp.fit(model, guide, step.X_train, step.y_train, num_steps=6,
+                         progress=False, final_elbo_particles=0, cuda_graph=True)
+    assert result.graph_steps == 1 and len(result.losses) == 6
+    assert all(math.isfinite(loss) for loss in result.losses)
+    assert all(torch.isfinite(p).all() for p in guide.parameters())
+
+
+def test_dropping_non_finite_moments_covers_scalar_parameters():
+    """After a NaN gradient, every moment is repaired, a scalar parameter's 0-dim ones too
+    (a kernel variance, the noise): otherwise the next update is NaN again."""
+    from pyro_dgp.infer.optim import drop_non_finite_moments, make_optimizer
+
+    scalar, vector = torch.zeros((), requires_grad=True), torch.zeros(3, requires_grad=True)
+    opt = make_optimizer(torch.optim.Adam, [scalar, vector], 0.1)
+    scalar.grad, vector.grad = torch.tensor(math.nan), torch.tensor([1.0, math.nan, 2.0])
+    opt.step()
+    drop_non_finite_moments(opt)
+    for state in opt.state.values():
+        assert all(torch.isfinite(v).all() for v in state.values() if torch.is_tensor(v))
+    with torch.no_grad():
+        scalar.zero_(), vector.zero_()
+    scalar.grad, vector.grad = torch.tensor(1.0), torch.ones(3)
+    opt.step()
+    assert torch.isfinite(scalar) and torch.isfinite(vector).all()

@@ -31,7 +31,9 @@ def drop_non_finite_moments(opt: torch.optim.Optimizer) -> None:
     smaller ``lr``, say) can go on."""
     for state in opt.state.values():
         for value in state.values():
-            if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim():
+            # every floating state, scalar parameters' 0-dim moments too (a step count is
+            # finite: unchanged)
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
                 torch.nan_to_num_(value, nan=0.0, posinf=0.0, neginf=0.0)
 
 

@@ -231,6 +231,24 @@ class _Training:
             except CholeskyError as err:
                 return math.nan, err
 
+    def leave_graph(self, step: int, args) -> tuple[float, Exception | None]:
+        """The loss is not finite even eagerly after an update from a replayed step: take the
+        update back (the parameters of the step before, the moments' non-finite entries
+        zeroed), train eagerly from here, and evaluate this step again. A replay that misled
+        the optimiser then costs one step, and a run that diverges eagerly too still stops as
+        an eager run does."""
+        with torch.no_grad():
+            for p, good in zip(self.params, self.last_good, strict=True):
+                p.copy_(good)
+            drop_non_finite_moments(self.opt)
+        warnings.warn(
+            f"the loss was not finite at step {step}, after an update from a step replayed "
+            "from the CUDA graph; the update was taken back and training goes on without the "
+            "graph", UserWarning, stacklevel=4)
+        self.cuda_graph = False
+        self.opt.zero_grad()
+        return self.loss_and_grads(step, args)
+
     def diverged(self, step: int, loss: float, failure, step_rng) -> TrainingDivergedError:
         """Restore the last good parameters, checkpoint, and the error to raise."""
         with torch.no_grad():
@@ -252,6 +270,8 @@ class _Training:
                 group["lr"] = self.lr * self.lr_decay ** (step / max(self.num_steps - 1, 1))
         if self.cuda_graph and step > self.start:
             loss, failure = self.graphed_loss_and_grads(args)
+            if not math.isfinite(loss) and self.result.graph_steps:
+                loss, failure = self.leave_graph(step, args)
         else:
             self.opt.zero_grad()
             if self.parallel is not None:
