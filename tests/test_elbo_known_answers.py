@@ -259,6 +259,20 @@ def _loss_and_grads(elbo, model, guide, *args, seed=7, params=()):
     return float(loss.detach()), [p.grad.clone() for p in params]
 
 
+def _assert_same_value_and_gradient(Reference, Elbo, num_particles, model, guide, X, y, params):
+    """``Elbo`` and Pyro's ``Reference`` give the same loss and gradient for the same draws,
+    with and without validation, single and vectorised particles."""
+    kw = dict(num_particles=num_particles, vectorize_particles=num_particles > 1,
+              max_plate_nesting=1)
+    for validate in (True, False):
+        with pyro.validation_enabled(validate):
+            ref = _loss_and_grads(Reference(**kw), model, guide, X, y, params=params)
+            new = _loss_and_grads(Elbo(**kw), model, guide, X, y, params=params)
+        assert new[0] == pytest.approx(ref[0], rel=1e-12)
+        for a, b in zip(new[1], ref[1], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("num_particles", [1, 3])
 def test_analytic_kl_elbo_has_trace_mean_field_elbos_value_and_gradient(num_particles):
     """Same draws, same estimate and gradient as Pyro's TraceMeanField_ELBO on a 2-layer DGP
@@ -272,15 +286,8 @@ def test_analytic_kl_elbo_has_trace_mean_field_elbos_value_and_gradient(num_part
     guide = dgp.guides.MeanField(model)
     _random_q(guide, X, y, seed=2, scale=0.1)
     params = list(model.parameters()) + list(guide.parameters())
-    kw = dict(num_particles=num_particles, vectorize_particles=num_particles > 1,
-              max_plate_nesting=1)
-    for validate in (True, False):
-        with pyro.validation_enabled(validate):
-            ref = _loss_and_grads(TraceMeanField_ELBO(**kw), model, guide, X, y, params=params)
-            new = _loss_and_grads(AnalyticKL_ELBO(**kw), model, guide, X, y, params=params)
-        assert new[0] == pytest.approx(ref[0], rel=1e-12)
-        for a, b in zip(new[1], ref[1], strict=True):
-            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    _assert_same_value_and_gradient(TraceMeanField_ELBO, AnalyticKL_ELBO, num_particles,
+                                    model, guide, X, y, params)
 
 
 @pytest.mark.parametrize("num_particles", [1, 3])
@@ -318,15 +325,8 @@ def test_reparam_trace_elbo_has_trace_elbos_value_and_gradient(num_particles, ki
                  dgp.complete(pyro.infer.autoguide.AutoNormal(dgp.inducing_only(model)), model))
         guide(X, y)
         params = list(model.parameters()) + list(guide.parameters())
-    kw = dict(num_particles=num_particles, vectorize_particles=num_particles > 1,
-              max_plate_nesting=1)
-    for validate in (True, False):
-        with pyro.validation_enabled(validate):
-            ref = _loss_and_grads(Trace_ELBO(**kw), model, guide, X, y, params=params)
-            new = _loss_and_grads(ReparamTrace_ELBO(**kw), model, guide, X, y, params=params)
-        assert new[0] == pytest.approx(ref[0], rel=1e-12)
-        for a, b in zip(new[1], ref[1], strict=True):
-            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    _assert_same_value_and_gradient(Trace_ELBO, ReparamTrace_ELBO, num_particles, model, guide,
+                                    X, y, params)
 
 
 def test_analytic_kl_elbos_differentiable_loss_reads_no_value_back(monkeypatch):
