@@ -28,6 +28,22 @@ computation every time:
 Recording can fail (an operation that reads back to the host, say); :class:`GraphedLoss`
 then raises :class:`GraphCaptureError` with the reason, and :func:`~pyro_dgp.fit` warns and
 trains eagerly.
+
+Outside :func:`~pyro_dgp.fit` (``pyro.infer.SVI`` reads each loss back, so a plain Pyro loop
+cannot be recorded as it is), a loop of one's own::
+
+    elbo = pyro_dgp.infer.AnalyticKL_ELBO()            # or make_objective("auto", guide)
+    params = [*model.parameters(), *guide.parameters()]
+    opt = torch.optim.Adam(params, lr=0.01)
+    with side_stream(X.device):                        # the eager first step and the replays
+        elbo.differentiable_loss(model, guide, Xb, yb).backward()   # sets lazy state up
+        opt.step()
+        with pyro.validation_enabled(False):
+            step = GraphedLoss(lambda X, y: elbo.differentiable_loss(model, guide, X, y),
+                               params, (Xb, yb))
+        for Xb, yb in batches:                         # all of the recorded shape
+            loss = step(Xb, yb)                        # gradients in p.grad; no zero_grad
+            opt.step()
 """
 
 from __future__ import annotations
