@@ -446,6 +446,8 @@ def test_a_replay_that_misleads_the_optimiser_is_taken_back(step, monkeypatch):
     the real graph)."""
     import contextlib
 
+    import pyro_dgp.infer.cuda_graph as cuda_graph
+    import pyro_dgp.infer.trainer as trainer
     import pyro_dgp.infer.training as training
 
     class NaNGradientReplays:
@@ -475,9 +477,9 @@ def test_a_replay_that_misleads_the_optimiser_is_taken_back(step, monkeypatch):
         def eager(self, *inputs):
             return self._backward(inputs)
 
-    monkeypatch.setattr(training, "_check_cuda_graph", lambda *a: None)
-    monkeypatch.setattr(training, "side_stream", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(training, "GraphedLoss", NaNGradientReplays)
+    monkeypatch.setattr(training, "check_graph_options", lambda *a: None)
+    monkeypatch.setattr(trainer, "side_stream", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(cuda_graph, "GraphedLoss", NaNGradientReplays)
     model = dgp.DeepGP.regression(step.X_train, step.y_train, num_layers=2, num_inducing=5)
     guide = dgp.guides.MeanField(model)
     with pytest.warns(UserWarning, match="update was taken back"):

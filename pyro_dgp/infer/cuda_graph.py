@@ -49,14 +49,16 @@ cannot be recorded as it is), a loop of one's own::
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from collections.abc import Callable, Sequence
 
+import pyro
 import torch
 
 from ..linalg import recording_graph
 
-__all__ = ["GraphCaptureError", "GraphedLoss", "side_stream"]
+__all__ = ["GraphCaptureError", "GraphedLoss", "GraphedSteps", "check_graph_options", "side_stream"]
 
 
 class GraphCaptureError(RuntimeError):
@@ -142,6 +144,53 @@ class GraphedLoss:
         loss = self.loss_fn(*inputs)
         loss.backward()
         return loss.detach()
+
+
+class GraphedSteps:
+    """:func:`~pyro_dgp.fit`'s evaluations of the objective and its gradient after its first
+    step: recorded at the first call (:class:`GraphedLoss`), replayed at the others.
+
+    A step whose replay gives a loss that is not finite (a Cholesky factor that failed inside
+    the graph, where it cannot be retried with more jitter, is NaN) is run again eagerly,
+    where the retry happens; its :class:`~pyro_dgp.linalg.CholeskyError`, if it fails there
+    too, reaches the caller.
+
+    :param loss_fn: ``(*minibatch) -> loss``; :param params: the tensors trained.
+    """
+
+    def __init__(self, loss_fn: Callable[..., torch.Tensor], params: Sequence[torch.Tensor]):
+        self.loss_fn, self.params = loss_fn, list(params)
+        self.graphed: GraphedLoss | None = None
+        self.replays = 0  # the steps whose loss and gradient came from a replay
+
+    def __call__(self, args: Sequence[torch.Tensor]) -> float | None:
+        """The step's loss, its gradient in ``p.grad``; ``None`` where the step cannot be
+        recorded (warned: the caller trains eagerly from then on)."""
+        with pyro.validation_enabled(False):
+            if self.graphed is None:
+                try:
+                    self.graphed = GraphedLoss(self.loss_fn, self.params, args)
+                except GraphCaptureError as err:
+                    warnings.warn(f"{err}; training goes on without it", UserWarning,
+                                  stacklevel=4)
+                    return None
+            if self.graphed.fits(*args):
+                loss = float(self.graphed(*args))
+                if math.isfinite(loss):
+                    self.replays += 1
+                    return loss
+            return float(self.graphed.eager(*args))
+
+
+def check_graph_options(device: torch.device, natural_gradient, distributed: bool) -> None:
+    """``fit(cuda_graph=True)``'s other arguments: a CUDA device, no step outside the
+    objective's forward and backward pass."""
+    if natural_gradient is not None or distributed:
+        what = "natural_gradient" if natural_gradient is not None else "distributed=True"
+        raise ValueError(f"cuda_graph=True does not combine with {what}: its step runs "
+                         "outside the objective's forward and backward pass")
+    if device.type != "cuda":
+        raise ValueError(f"cuda_graph=True needs the data on a CUDA device; it is on {device}")
 
 
 @contextlib.contextmanager

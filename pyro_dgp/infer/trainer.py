@@ -1,0 +1,271 @@
+"""The loop of :func:`~pyro_dgp.fit`: its steps, the guard against divergence, checkpoints and
+resume, the steps replayed from a CUDA graph, and what a fit returns."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import pyro
+import torch
+from pyro.infer.util import is_validation_enabled
+from tqdm.auto import tqdm
+
+from ..linalg import CholeskyError
+from .alpha import LocalAlpha
+from .batches import Batches
+from .checkpoint import atomic_save, rng_state, safe_load, set_rng_state
+from .cuda_graph import GraphedSteps, side_stream
+from .distributed import DataParallel, PeerFailedError
+from .natgrad import NaturalGradient
+from .optim import drop_non_finite_moments
+
+__all__ = ["FitResult", "Trainer", "TrainingDivergedError"]
+
+
+class TrainingDivergedError(FloatingPointError):
+    """The loss became NaN or inf; the parameters were restored to the last good step."""
+
+
+@dataclass
+class FitResult:
+    """``losses[k]`` is the training loss at step k (the negative ELBO estimate, or the
+    negative local alpha objective), full-data scale;
+    ``final_elbo`` the ELBO at the final parameters (:func:`~pyro_dgp.elbo`, the ELBO
+    estimator of the guide whatever the training objective, averaged over
+    ``final_elbo_particles`` draws on the training data; ``nan`` if not evaluated) and
+    ``final_elbo_stderr`` its Monte Carlo standard error; ``seconds`` the wall time of the
+    run's steps, those of the calls it resumed included; ``graph_steps`` how many of them were
+    replays of a CUDA graph (``fit(cuda_graph=True)``)."""
+
+    losses: list[float] = field(default_factory=list)
+    num_steps: int = 0
+    seconds: float = 0.0
+    resumed_from: int | None = None
+    final_elbo: float = math.nan
+    final_elbo_stderr: float = math.nan
+    graph_steps: int = 0
+
+    def __repr__(self) -> str:
+        last = f"{self.losses[-1]:.4g}" if self.losses else "none"
+        return (f"FitResult(num_steps={self.num_steps}, final_elbo={self.final_elbo:.6g} "
+                f"(se {self.final_elbo_stderr:.2g}), last loss={last}, "
+                f"seconds={self.seconds:.1f}, resumed_from={self.resumed_from})")
+
+
+class Trainer:
+    """The state of one call of :func:`~pyro_dgp.fit`: optimiser, random streams, checkpoint
+    file, and its steps."""
+
+    def __init__(self, model, guide, elbo, batches: Batches, opt, params, generator, lr,
+                 lr_decay, num_steps, path, natural: NaturalGradient | None = None,
+                 parallel: DataParallel | None = None, seed: int = 0, cuda_graph: bool = False):
+        self.model, self.guide, self.elbo, self.batches = model, guide, elbo, batches
+        self.device = batches.device
+        self.opt, self.params, self.generator = opt, params, generator
+        self.lr, self.lr_decay, self.num_steps, self.path = lr, lr_decay, num_steps, path
+        self.result = FitResult(num_steps=num_steps)
+        self.start, self.seconds_before, self.t0 = 0, 0.0, time.perf_counter()
+        self.last_good = None
+        self.natural = natural
+        # data-parallel: this process's part (infer/distributed.py); only process 0 writes
+        self.parallel, self.seed = parallel, seed
+        self.writer = parallel is None or parallel.writer
+        # the step recorded as a CUDA graph after the first (validated, eager) step
+        self.graph = GraphedSteps(
+            lambda *a: self.elbo.differentiable_loss(self.model, self.guide, *a),
+            self.params) if cuda_graph else None
+
+    def progress_label(self, loss_per_point: float) -> dict[str, str]:
+        """The progress bar's figure: ``elbo/pt`` for an ELBO, ``loss/pt`` for an objective
+        that is not one (the local alpha objective)."""
+        if isinstance(self.elbo, LocalAlpha):
+            return {"loss": f"{loss_per_point:.4f}/pt"}
+        return {"elbo": f"{-loss_per_point:.4f}/pt"}
+
+    def resume(self) -> None:
+        """Continue from the checkpoint, if it exists (parameters, moments, streams, losses)."""
+        if self.path is None:
+            raise ValueError("resume=True needs a checkpoint path")
+        state = None
+        if self.writer and self.path.exists():
+            state = safe_load(self.path, map_location=self.device)
+        if self.parallel is not None:  # process 0's checkpoint, on every process
+            state = self.parallel.broadcast_state(state, map_location=self.device)
+        if state is None:
+            return
+        self.model.load_state_dict(state["model"])
+        self.guide.load_state_dict(state["guide"])
+        self.opt.load_state_dict(state["optimizer"])
+        for group in self.opt.param_groups:  # load_state_dict brought back the saved rate
+            group["lr"] = self.lr  # (a decaying schedule sets each step's rate from lr)
+        saved_lr = state.get("lr")
+        if saved_lr is not None and saved_lr != self.lr and self.writer:
+            warnings.warn(
+                f"resuming with lr={self.lr}; the checkpoint was written with lr={saved_lr}: "
+                "the run continues from its state at the new rate, not exactly",
+                UserWarning, stacklevel=3)
+        set_rng_state(state["rng"], self.generator, self.device)
+        self.result.losses = list(state["losses"])
+        self.start = self.result.resumed_from = int(state["step"])
+        self.seconds_before = float(state.get("seconds", 0.0))
+        self.batches.skip(self.start)
+
+    def save(self, step: int, rng: dict | None = None) -> None:
+        """Checkpoint at the start of ``step``; ``rng``: the random state there, if the
+        streams have moved on since (a step cut short by an interrupt or a NaN)."""
+        if self.path is None or not self.writer:
+            return
+        atomic_save(self.path, {
+            "step": step,
+            "model": self.model.state_dict(),
+            "guide": self.guide.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "rng": rng if rng is not None else rng_state(self.generator, self.device),
+            "losses": self.result.losses,
+            "lr": self.lr,
+            "seconds": self.seconds_before + time.perf_counter() - self.t0,
+        })
+
+    def loss_and_grads(self, step: int, args) -> tuple[float, Exception | None]:
+        """One evaluation of the objective and its gradient; ``(nan, error)`` where a Cholesky
+        failure after the first step shows parameters gone non-finite."""
+        # Pyro's validation (distribution arguments, the mean-field check, finiteness of layer
+        # inputs and targets) runs on the first step only: model, guide and data shapes do not
+        # change between steps, X and y were checked, and a NaN loss is caught by the caller.
+        try:
+            with pyro.validation_enabled(is_validation_enabled() and step == self.start):
+                if self.natural is not None:
+                    return self.natural.loss_and_grads(
+                        lambda: self.elbo.differentiable_loss(self.model, self.guide, *args)), None
+                if self.parallel is not None or hasattr(self.elbo, "differentiable_loss"):
+                    # this process's part of the global objective (infer/distributed.py):
+                    # its loss weighted B_r / B (1 in one process), so that the KL adds up
+                    # to once
+                    loss_t = self.batches.share * self.elbo.differentiable_loss(
+                        self.model, self.guide, *args)
+                    loss_t.backward()
+                    return float(loss_t.detach()), None
+                return float(self.elbo.loss_and_grads(self.model, self.guide, *args)), None
+        except CholeskyError as err:
+            if step == self.start and self.parallel is None:
+                raise  # the starting parameters themselves: not a divergence
+            # in a data-parallel run the other processes wait in the all-reduce: the NaN
+            # reaches them there, and every process stops at this step
+            return math.nan, err
+
+    def graphed_loss_and_grads(self, step: int, args) -> tuple[float, Exception | None]:
+        """:meth:`loss_and_grads` replayed from the CUDA graph (:class:`GraphedSteps`)."""
+        try:
+            loss = self.graph(args)
+        except CholeskyError as err:  # in the eager run of a step whose replay was not finite
+            return math.nan, err
+        if loss is None:  # the step cannot be recorded: eager from here (warned)
+            self.graph = None
+            self.opt.zero_grad()
+            return self.loss_and_grads(step, args)
+        return loss, None
+
+    def leave_graph(self, step: int, args) -> tuple[float, Exception | None]:
+        """The loss is not finite even eagerly after an update from a replayed step: take the
+        update back (the parameters of the step before, the moments' non-finite entries
+        zeroed), train eagerly from here, and evaluate this step again. A replay that misled
+        the optimiser then costs one step, and a run that diverges eagerly too still stops as
+        an eager run does."""
+        with torch.no_grad():
+            for p, good in zip(self.params, self.last_good, strict=True):
+                p.copy_(good)
+            drop_non_finite_moments(self.opt)
+        warnings.warn(
+            f"the loss was not finite at step {step}, after an update from a step replayed "
+            "from the CUDA graph; the update was taken back and training goes on without the "
+            "graph", UserWarning, stacklevel=4)
+        self.result.graph_steps, self.graph = self.graph.replays, None
+        self.opt.zero_grad()
+        return self.loss_and_grads(step, args)
+
+    def diverged(self, step: int, loss: float, failure, step_rng) -> TrainingDivergedError:
+        """Restore the last good parameters, checkpoint, and the error to raise."""
+        with torch.no_grad():
+            for p, good in zip(self.params, self.last_good, strict=True):
+                p.copy_(good)
+            drop_non_finite_moments(self.opt)
+        self.save(step, step_rng)
+        what = f"the loss became {loss}" if failure is None else f"{failure}"
+        return TrainingDivergedError(
+            f"{what} at step {step}; the parameters were restored to their last values "
+            f"with a finite loss. Try a smaller lr (now {self.lr}), float64 data, or more "
+            "jitter."
+        )
+
+    def step(self, step: int, step_rng) -> float:
+        args = self.batches.draw(self.generator)
+        if self.lr_decay != 1:
+            for group in self.opt.param_groups:
+                group["lr"] = self.lr * self.lr_decay ** (step / max(self.num_steps - 1, 1))
+        if self.graph is not None and step > self.start:
+            loss, failure = self.graphed_loss_and_grads(step, args)
+            if not math.isfinite(loss) and self.graph is not None and self.graph.replays:
+                loss, failure = self.leave_graph(step, args)
+        else:
+            self.opt.zero_grad()
+            if self.parallel is not None:
+                self.parallel.step = step
+                self.parallel.seed_step(self.seed, step)
+            loss, failure = self.loss_and_grads(step, args)
+        if self.parallel is not None:  # the gradient and loss of the global batch
+            loss = self.parallel.all_reduce(self.params, loss)
+            if failure is not None and step == self.start:
+                raise failure  # the starting parameters themselves: not a divergence
+        if not math.isfinite(loss):
+            raise self.diverged(step, loss, failure, step_rng) from failure
+        with torch.no_grad():
+            for p, good in zip(self.params, self.last_good, strict=True):
+                good.copy_(p)
+        if self.natural is not None:
+            self.natural.step()
+        self.opt.step()
+        self.result.losses.append(loss)
+        return loss
+
+    def run(self, progress: bool, checkpoint_every: int) -> FitResult:
+        progress = progress and self.writer
+        self.t0 = time.perf_counter()
+        self.last_good = [p.detach().clone() for p in self.params]
+        bar = tqdm(total=self.num_steps, initial=self.start, disable=not progress, desc="SVI",
+                   leave=False)
+        with side_stream(self.device) if self.graph is not None else contextlib.nullcontext():
+            return self._run(bar, progress, checkpoint_every)
+
+    def _run(self, bar, progress: bool, checkpoint_every: int) -> FitResult:
+        N, losses = self.batches.num_data, self.result.losses
+        step, step_rng = self.start, None
+        try:
+            for step in range(self.start, self.num_steps):
+                if self.path is not None:  # the generator's state: only for a checkpoint
+                    step_rng = rng_state(self.generator, self.device)
+                self.step(step, step_rng)
+                if progress:
+                    bar.update(1)
+                    if step % 10 == 0:
+                        recent = sum(losses[-50:]) / len(losses[-50:]) / N
+                        bar.set_postfix(self.progress_label(recent))
+                if self.path is not None and (step + 1) % checkpoint_every == 0:
+                    self.save(step + 1)
+            step = self.num_steps
+        except (KeyboardInterrupt, PeerFailedError):
+            # the step in flight is dropped; the run resumes from its start exactly (unless
+            # the interrupt came between the update and the loss record). A lost peer stops
+            # the step in its all-reduce, before any update: every process was at this state
+            self.save(len(losses), step_rng if len(losses) == step else None)
+            raise
+        finally:
+            bar.close()
+        self.save(step)
+        if self.graph is not None:
+            self.result.graph_steps = self.graph.replays
+        self.result.seconds = self.seconds_before + time.perf_counter() - self.t0
+        return self.result
