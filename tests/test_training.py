@@ -439,52 +439,81 @@ def test_cuda_graph_option_needs_cuda_data_and_a_plain_step(step):
     assert result.graph_steps == 0
 
 
-def test_a_replay_that_misleads_the_optimiser_is_taken_back(step, monkeypatch):
-    """``fit(cuda_graph=True)``'s guard, here with a stand-in for the CUDA graph whose
-    replays give the right loss but NaN gradients: the next loss is NaN even eagerly, so fit
-    takes that update back, warns, and trains eagerly to the end (tests/test_cuda.py runs
-    the real graph)."""
+class EagerReplays:
+    """A stand-in for :class:`~pyro_dgp.infer.cuda_graph.GraphedLoss` on the CPU: each
+    "replay" evaluates the loss and its gradient eagerly, as the graph would compute them; a
+    failed Cholesky factor gives a NaN loss, as inside a graph. ``poison``: the replays'
+    gradients are NaN (a graph gone wrong)."""
+
+    poison = False
+
+    def __init__(self, loss_fn, params, example_inputs):
+        self.loss_fn, self.params = loss_fn, list(params)
+
+    def fits(self, *inputs):
+        return True
+
+    def eager(self, *inputs):
+        for p in self.params:
+            p.grad = None
+        loss = self.loss_fn(*inputs)
+        loss.backward()
+        return loss.detach()
+
+    def __call__(self, *inputs):
+        try:
+            loss = self.eager(*inputs)
+        except CholeskyError:
+            return torch.tensor(math.nan)
+        for p in self.params:
+            if self.poison and p.grad is not None:
+                p.grad.fill_(math.nan)
+        return loss
+
+
+@pytest.fixture
+def stand_in_graph(monkeypatch):
+    """``fit(cuda_graph=True)`` on the CPU, its graph replaced by :class:`EagerReplays`
+    (tests/test_cuda.py runs the real graph)."""
     import contextlib
 
     import pyro_dgp.infer.cuda_graph as cuda_graph
     import pyro_dgp.infer.trainer as trainer
     import pyro_dgp.infer.training as training
 
-    class NaNGradientReplays:
-        def __init__(self, loss_fn, params, example_inputs):
-            self.loss_fn, self.params = loss_fn, list(params)
-
-        def fits(self, *inputs):
-            return True
-
-        def _backward(self, inputs):
-            for p in self.params:
-                p.grad = None
-            loss = self.loss_fn(*inputs)
-            loss.backward()
-            return loss.detach()
-
-        def __call__(self, *inputs):
-            try:
-                loss = self._backward(inputs)
-            except CholeskyError:  # a replay does not raise: its failed factor is NaN
-                return torch.tensor(math.nan)
-            for p in self.params:
-                if p.grad is not None:
-                    p.grad.fill_(math.nan)
-            return loss
-
-        def eager(self, *inputs):
-            return self._backward(inputs)
-
     monkeypatch.setattr(training, "check_graph_options", lambda *a: None)
     monkeypatch.setattr(trainer, "side_stream", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(cuda_graph, "GraphedLoss", NaNGradientReplays)
-    model = dgp.DeepGP.regression(step.X_train, step.y_train, num_layers=2, num_inducing=5)
+    monkeypatch.setattr(cuda_graph, "GraphedLoss", EagerReplays)
+    return EagerReplays
+
+
+def _small_fit(data, **kwargs):
+    model = dgp.DeepGP.regression(data.X_train, data.y_train, num_layers=2, num_inducing=5,
+                                  seed=0)
     guide = dgp.guides.MeanField(model)
+    result = dgp.fit(model, guide, data.X_train, data.y_train, num_steps=6, progress=False,
+                     final_elbo_particles=0, batch_size=50, **kwargs)
+    return result, guide
+
+
+def test_fit_with_replayed_steps_runs_the_eager_run(step, stand_in_graph):
+    """fit's side of the graph: the first step eager, every later one a replay, the losses,
+    the optimiser's updates and the batches those of the eager run."""
+    eager, g_eager = _small_fit(step)
+    graph, g_graph = _small_fit(step, cuda_graph=True)
+    assert graph.graph_steps == 5 and eager.graph_steps == 0
+    assert graph.losses == eager.losses
+    for a, b in zip(g_eager.parameters(), g_graph.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_replay_that_misleads_the_optimiser_is_taken_back(step, stand_in_graph,
+                                                             monkeypatch):
+    """The guard: replays with the right loss but NaN gradients make the next loss NaN even
+    eagerly; fit takes that update back, warns, and trains eagerly to the end."""
+    monkeypatch.setattr(stand_in_graph, "poison", True)
     with pytest.warns(UserWarning, match="update was taken back"):
-        result = dgp.fit(model, guide, step.X_train, step.y_train, num_steps=6,
-                         progress=False, final_elbo_particles=0, cuda_graph=True)
+        result, guide = _small_fit(step, cuda_graph=True)
     assert result.graph_steps == 1 and len(result.losses) == 6
     assert all(math.isfinite(loss) for loss in result.losses)
     assert all(torch.isfinite(p).all() for p in guide.parameters())
