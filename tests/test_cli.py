@@ -108,6 +108,13 @@ def test_fit_with_a_csv_and_a_bad_target_names_the_column(tmp_path, capsys):
                  "--quiet"]) == 0
 
 
+def test_fit_cuda_graph_names_the_device_it_needs(tmp_path, capsys):
+    code = main(["fit", "--data", "step", "--steps", "2", "--cuda-graph", "--output",
+                 str(tmp_path / "o"), "--quiet"])
+    assert code == 2
+    assert "--cuda-graph needs --device cuda, not --device cpu" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "argv, word",
     [(["fit", "--data", "boston", "--steps", "0"], "--steps"),

@@ -135,6 +135,8 @@ def _plot_predictions(data, preds, path: Path) -> None:
 def cmd_fit(args) -> int:
     spec = data_spec(args.data, args.target, args.split, args.test_fraction, args.data_dir,
                       args.device, args.dtype, args.seed)
+    if args.cuda_graph and not str(spec["device"]).startswith("cuda"):
+        raise ValueError(f"--cuda-graph needs --device cuda, not --device {spec['device']}")
     world = launched_processes()
     if world > 1 and spec["device"] == "cuda":  # one GPU per process of the node
         data = load_data({**spec, "device": f"cuda:{os.environ.get('LOCAL_RANK', 0)}"},
