@@ -87,8 +87,8 @@ class AmortizedELBO(LossFromDifferentiable, AnalyticKL_ELBO):
             model_trace, guide_trace = plated_traces(model, guide, PATH_PLATE, S, args, kwargs)
         weights = guide.path_weights()
         if weights is None:  # on the data's device: no copy from the host in the step
-            data = next(a for a in args if torch.is_tensor(a))
-            weights = torch.full((S,), 1.0 / S, dtype=data.dtype, device=data.device)
+            X = next(a for a in args if torch.is_tensor(a))
+            weights = torch.full((S,), 1.0 / S, dtype=X.dtype, device=X.device)
         data, kl = 0.0, 0.0
         for name, site in model_trace.nodes.items():
             if site["type"] != "sample" or function_site(site) is not None:
