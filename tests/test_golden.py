@@ -1,6 +1,6 @@
 """Golden numbers: fixed-seed float64 results of every guide, recorded before a refactor.
 
-A refactor that only moves code must reproduce them to 1e-10 (relative and absolute). The
+A refactor that only moves code must reproduce them within rounding (``TOLERANCE``). The
 numbers are in ``tests/golden/guides.json``; they are rewritten only on purpose, with
 ``PYRO_DGP_WRITE_GOLDEN=1 python -m pytest tests/test_golden.py`` (a change of the maths, not
 of the layout, and the commit says why).
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pyro
 import pytest
+import torch
 
 import pyro_dgp as dgp
 from pyro_dgp.guides.registry import (
@@ -41,6 +42,11 @@ CASES = [("fixed", name) if name not in ("sivi", "ssivi-tril") else pytest.param
 ] + [pytest.param("amortized", name, marks=[] if name == "amortized-ar2pp" else
                   [pytest.mark.slow]) for name in sorted(LOCAL_INDUCING_GUIDES)]
 
+#: SGD steps per model variant. In the locations model a step moves the inducing inputs, and
+#: there the loss is sensitive from the first step (4e-11 relative between two BLAS kernels,
+#: against 1e-14 on the fixed model); 10 steps keep that below 1e-9.
+NUM_STEPS = {"fixed": 50, "locations": 10, "amortized": 50}
+
 
 def _numbers(variant: str, guide_name: str) -> dict:
     pyro.clear_param_store()
@@ -54,12 +60,16 @@ def _numbers(variant: str, guide_name: str) -> dict:
         model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=8, inducing=variant,
                                       seed=0)
     guide = make_guide(guide_name, model)
-    result = dgp.fit(model, guide, X, y, num_steps=50, lr=0.02, seed=0, progress=False)
+    # plain SGD: Adam divides each step by the root of its running squared gradient, so a
+    # parameter whose gradient is small turns round-off into a step of size lr; over 50 steps
+    # that grew 1e-12 into 7e-3 between two BLAS kernels, where SGD kept them within 1e-8
+    result = dgp.fit(model, guide, X, y, num_steps=NUM_STEPS[variant], lr=0.002, seed=0,
+                     optimizer=torch.optim.SGD, progress=False)
     pred = dgp.predict(model, guide, data.X_test, num_samples=20, seed=3)
     summary = dgp.layer_summary(model, guide, X, num_samples=20, seed=4)
     out = {
         "loss_step_1": result.losses[0],
-        "loss_step_50": result.losses[-1],
+        "loss_last_step": result.losses[-1],
         "loss_sum": math.fsum(result.losses),
         "nll": dgp.metrics.nll(pred, data.y_test),
         "crps": dgp.metrics.crps(pred, data.y_test),
@@ -82,14 +92,14 @@ def golden():
     return json.loads(GOLDEN.read_text())
 
 
-def _tolerance(guide_name: str) -> dict:
-    """Bit-identical on one machine. Between two x86 machines the vector units' round-off,
-    grown over 50 Adam steps, moved AutoNormal's numbers by up to 1.1e-6 relative, while
-    every other guide stayed bit-identical; a change of the computation moves them by orders
-    of magnitude more."""
-    if guide_name == "autonormal":
-        return {"rel": 1e-5, "abs": 1e-9}
-    return {"rel": 1e-10, "abs": 1e-10}
+#: Relative and absolute tolerance. Rounding differs between machines (vector units, BLAS
+#: kernels), and training grows it. Measured on every case: three BLAS kernel choices of one
+#: machine (MKL's AVX-512 and AVX2 paths, MKL_CBWR=COMPATIBLE) and a 1e-12 relative change of
+#: the inputs moved no number by more than 5e-7 relative or 4e-8 absolute (AutoIAF's Pareto
+#: k; AutoNormal's layer means on the locations model), and most by under 1e-8. The
+#: tolerance is 20 times the largest of them; a change of the computation moves the numbers
+#: by far more.
+TOLERANCE = {"rel": 1e-5, "abs": 1e-6}
 
 
 @pytest.mark.parametrize("variant,guide_name", CASES)
@@ -107,4 +117,4 @@ def test_golden_numbers(golden, variant, guide_name):
         if math.isnan(value):
             assert math.isnan(got[name]), (key, name)
         else:
-            assert got[name] == pytest.approx(value, **_tolerance(guide_name)), (key, name)
+            assert got[name] == pytest.approx(value, **TOLERANCE), (key, name)
