@@ -452,6 +452,51 @@ def test_wrong_encoder_output_names_the_layer_and_the_shape():
         dgp.guides.Amortized(plain)(X, y)
 
 
+def test_bad_calls_of_the_amortized_guide_and_objective_name_the_problem():
+    X, y = torch.randn(4, 2, dtype=DT), torch.randn(4, dtype=DT)
+    model = _model([2, 2, 1])
+    objective = dgp.AmortizedELBO()
+    with pytest.raises(TypeError, match="needs a pyro_dgp.guides.Amortized guide, got "
+                                        "MeanField"):
+        objective.loss(model, dgp.guides.MeanField(_model([2, 1])), X, y)
+    # the data by keyword: the rules with uniform path weights too
+    for rule in ("AR1", "AR2", "AR2P"):
+        guide = dgp.guides.Amortized(model, rule=rule, num_paths=3)
+        guide.setup(X, y)
+        pyro.set_rng_seed(0)
+        by_position = objective.loss(model, guide, X, y)
+        pyro.set_rng_seed(0)
+        assert objective.loss(model, guide, X=X, y=y) == by_position
+    with pytest.raises(ValueError, match="rule AR1 has no quadrature nodes"):
+        dgp.guides.Amortized(model, rule="AR1").quadrature_nodes("layer1")
+    # quadrature: every layer is checked before any is written
+    guide = dgp.guides.Amortized(model, rule="AR2P", num_paths=3)
+    guide.setup(X, y)
+    before = [p.detach().clone() for p in guide.parameters()]
+    weights = torch.ones(3, dtype=DT)
+    for nodes, w, message in [
+        (torch.zeros(3, 2, dtype=DT), weights, r"nodes of layer 'layer2' must be \(S,\) or "
+                                               r"\(S, 1\), got shape \(3, 2\)"),
+        (torch.tensor(0.0, dtype=DT), weights, "nodes must be"),
+        (torch.zeros(3, dtype=DT), torch.tensor([1.0, math.inf, 1.0], dtype=DT),
+         "weights must be 3 positive finite numbers"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            guide.set_quadrature(nodes, w)
+        for a, b in zip(before, guide.parameters(), strict=True):
+            assert torch.equal(a, b)
+    # an encoder whose output is not in its inputs' dtype is named at the first call
+
+    class Float32(torch.nn.Module):
+        def forward(self, p):
+            shape = p.shape[:-1] + (2, 3)
+            return torch.zeros(shape), torch.ones(shape)
+
+    with pytest.raises(ValueError, match=r"layer 'layer1' returned loc as torch.float32 on "
+                                         r"cpu for inputs torch.float64"):
+        dgp.guides.Amortized(model, encoder={"layer1": Float32()})(X, y)
+
+
 class HandWritten(PyroModule):
     """A warping amortized layer feeding another, observed as ``N(f, s2)`` through a plain
     ``pyro.sample`` (scored at the sampled ``f``); ``likelihood`` holds ``s2`` for
@@ -692,6 +737,10 @@ def test_avdgp_architecture_is_the_papers_and_follows_the_data():
     torch.testing.assert_close(again.layers[1].inducing_points, model.layers[1].inducing_points)
     with pytest.raises(ValueError, match="num_inducing must be one int or one per layer"):
         dgp.gp.avdgp_regression(X, y, num_inducing=(8, 4))
+    with pytest.raises(TypeError, match="hidden_dims must be a sequence of widths"):
+        dgp.gp.avdgp_regression(X, y, hidden_dims=4)
+    numpy_M = dgp.gp.avdgp_regression(X, y, num_inducing=np.int64(5))
+    assert [la.num_inducing for la in numpy_M.layers] == [5, 5, 5]
 
 
 def test_default_encoder_starts_off_the_saddle_of_equal_points():

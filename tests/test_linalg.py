@@ -388,7 +388,7 @@ def test_gplayer_conditional_adds_mean_function(mean, dout, expected, whiten):
 def test_nan_where_failed_marks_only_the_failed_factors():
     """Inside a CUDA graph a failed factorisation cannot be read back: its factor becomes NaN
     (the CUDA tests replay it); the others are kept as they are."""
-    from pyro_dgp.linalg import capturing, nan_where_failed
+    from pyro_dgp.linalg import nan_where_failed
 
     K = torch.stack([torch.tensor([[2.0, 0.5], [0.5, 1.0]]),
                      torch.tensor([[1.0, 2.0], [2.0, 1.0]])]).double()
@@ -396,4 +396,18 @@ def test_nan_where_failed_marks_only_the_failed_factors():
     out = nan_where_failed(L, info)
     assert torch.equal(out[0], torch.linalg.cholesky(K[0]))
     assert torch.isnan(out[1]).all()
-    assert not capturing(K)
+
+
+def test_recording_a_graph_leaves_cpu_factorisations_their_retry():
+    """Only GPU tensors take the no-read-back path while a graph is recorded: on the CPU a
+    matrix that needs jitter still gets the retry, its warning and a finite factor."""
+    from pyro_dgp.linalg import NumericalWarning, capturing, cholesky, recording_graph
+
+    # eigenvalues 2 and -5e-4: the default jitter (1e-6) is not enough
+    K = torch.tensor([[1.0, 1.0], [1.0, 1.0]], dtype=torch.float64) - 5e-4 * torch.eye(
+        2, dtype=torch.float64)
+    with recording_graph():
+        assert not capturing(K)
+        with pytest.warns(NumericalWarning, match="needed jitter"):
+            L = cholesky(K)
+    assert torch.isfinite(L).all()

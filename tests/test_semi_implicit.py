@@ -98,13 +98,23 @@ def test_structured_log_prob_is_the_per_conditional_surrogate():
     torch.manual_seed(3)
     direct = q.log_prob(z)
     torch.manual_seed(3)
-    assert torch.equal(direct, surrogate_log_prob([q.component_log_prob(z)]))
+    comps = q.component_log_prob(z)  # the same K = 7 extra draws
+    # log (1/(K+1)) sum_{k=0..K} q(z | eps_k), written out
+    mean = comps.exp().mean(-1).log()
+    torch.testing.assert_close(direct, mean, rtol=1e-12, atol=1e-12)
     # the drawing noise is component 0: the value is scored against its own Gaussian there
     own_loc, own_scale = q.own_components(z)
-    comps = q.component_log_prob(z)
     expected = dist.Normal(own_loc, own_scale).log_prob(z).sum((-2, -1))
     assert torch.allclose(comps[..., 0], expected)
     assert comps.shape == (5, 8)
+
+
+def test_noise_follows_the_mixing_network_without_a_condition():
+    """An unconditioned float64 family draws float64 noise, not torch's default dtype."""
+    loc, scale = torch.zeros(2, 3, dtype=DT), torch.ones(2, 3, dtype=DT)
+    q = SemiImplicitNormal(MixingNetwork(4, 0, (6,), loc, scale), None, 4, 3, (2, 3))
+    z = q.rsample()
+    assert z.dtype == DT and q.log_prob(z).dtype == DT
 
 
 # ----------------------------------------------------------------- reduction to a Gaussian

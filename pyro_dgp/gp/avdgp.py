@@ -12,6 +12,7 @@ of each input. Kernel variances, lengthscales and the noise variance start at
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -37,7 +38,7 @@ PAPER_NUM_INDUCING = (8, 4, 4)
 
 def _per_layer(num_inducing, num_layers: int) -> list[int]:
     """``M`` per layer from one int or one per layer, each checked."""
-    if isinstance(num_inducing, int):
+    if isinstance(num_inducing, numbers.Integral):
         num_inducing = [num_inducing] * num_layers
     Ms = [check_positive_int(m, "avdgp_regression: num_inducing") for m in num_inducing]
     if len(Ms) != num_layers:
@@ -74,6 +75,9 @@ def avdgp_regression(
         ``1/N``, Meng and Zhang 2024, App. A); see :class:`AmortizedGPLayer`.
     :param seed: seed of the offsets ``b`` (the global random state is left alone).
     """
+    if isinstance(hidden_dims, numbers.Integral):
+        raise TypeError(f"avdgp_regression: hidden_dims must be a sequence of widths, such as "
+                        f"(16, 4) or () for one layer, got {hidden_dims!r}")
     hidden = [check_positive_int(h, "avdgp_regression: hidden_dims") for h in hidden_dims]
     dims = [X.shape[-1], *hidden, 1]
     Ms = _per_layer(num_inducing, len(dims) - 1)

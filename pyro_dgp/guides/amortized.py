@@ -248,6 +248,8 @@ class Amortized(LayerGuide):
 
     def quadrature_nodes(self, layer: str) -> torch.Tensor:
         """``xi (S, D_out)`` of ``layer``, in ``(-5, 5)``."""
+        if not self.quadrature:
+            raise ValueError(f"Amortized: rule {self.rule} has no quadrature nodes")
         raw = deep_getattr(self.nodes, self.site(layer).name.rsplit(".", 1)[0])
         return _NODE_BOUND * (2 * torch.sigmoid(raw) - 1)
 
@@ -267,18 +269,24 @@ class Amortized(LayerGuide):
         self._ensure_set_up()
         S = self.num_paths
         nodes, weights = torch.as_tensor(nodes), torch.as_tensor(weights)
-        if weights.shape != (S,) or not bool((weights > 0).all()):
-            raise ValueError(f"Amortized: weights must be {S} positive numbers, got shape "
-                             f"{tuple(weights.shape)}")
-        if nodes.shape[0] != S or nodes.dim() > 2 or not bool(
+        if weights.shape != (S,) or not bool(((weights > 0) & weights.isfinite()).all()):
+            raise ValueError(f"Amortized: weights must be {S} positive finite numbers, got "
+                             f"shape {tuple(weights.shape)}")
+        if nodes.dim() not in (1, 2) or nodes.shape[0] != S or not bool(
                 (nodes.abs() < _NODE_BOUND).all()):
             raise ValueError(f"Amortized: nodes must be (S,) or (S, D_out) with S = {S} and "
                              f"|xi| < {_NODE_BOUND}, got shape {tuple(nodes.shape)}")
-        names = self.layer_names if layer is None else [layer]
-        for key in names:
-            key = self.site(key).name.rsplit(".", 1)[0]
+        new = nodes if nodes.dim() == 2 else nodes.unsqueeze(-1)
+        keys = [self.site(key).name.rsplit(".", 1)[0]
+                for key in (self.layer_names if layer is None else [layer])]
+        # every layer is checked before any is written, so a refused call changes nothing
+        for key in keys:
+            shape = deep_getattr(self.nodes, key).shape
+            if new.shape[-1] not in (1, shape[-1]):
+                raise ValueError(f"Amortized: nodes of layer '{key}' must be (S,) or "
+                                 f"(S, {shape[-1]}), got shape {tuple(nodes.shape)}")
+        for key in keys:
             raw = deep_getattr(self.nodes, key).detach()
-            new = nodes if nodes.dim() == 2 else nodes.unsqueeze(-1)
             copy_into(self.nodes, key, _node_logits(new.to(raw)).expand(raw.shape))
         logits = self.weight_logits.detach()
         copy_into(self, "weight_logits", (weights / weights.sum()).log().to(logits))

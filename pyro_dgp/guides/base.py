@@ -76,7 +76,7 @@ class _Redirect(Messenger):
     def _redirect(self, msg) -> bool:
         """Redirect one site; returns whether to hide it from the guide's trace."""
         record = layer_site(msg)
-        site = self.guide._sites.get(msg["name"].rsplit(".", 1)[0]) if record else None
+        site = self.guide.find_site(msg["name"].rsplit(".", 1)[0]) if record else None
         if record is not None and msg["is_observed"]:
             raise ValueError(
                 f"{type(self.guide).__name__}: the layer site '{msg['name']}' is observed "
@@ -187,6 +187,11 @@ class LayerGuide(PyroModule):
         pass
 
     # ------------------------------------------------------------- q in the layers' u-space
+    def find_site(self, layer: str) -> LayerSite | None:
+        """The :class:`LayerSite` of ``layer`` (``"layer1"``), ``None`` where this guide has
+        none or is not set up yet (no setup happens)."""
+        return self._sites.get(layer)
+
     def site(self, layer: str) -> LayerSite:
         """The :class:`LayerSite` of ``layer`` (its name ``"layer1"`` or site ``"layer1.u"``),
         setting the guide up from the model's ``example_args()`` if it has not run yet."""

@@ -106,8 +106,8 @@ def check_encoded(out, p: torch.Tensor, D: int, M: int, layer: str, validate: bo
     diagonal scale must be positive.
 
     :returns: ``loc (..., N, D, M)`` and ``scale_tril (..., N, D, M, M)``.
-    :raises ValueError: naming the layer and the expected shapes where they differ, or the
-        problem with the scale's values.
+    :raises ValueError: naming the layer and the expected shapes where they differ, a dtype
+        or device other than the inputs', or the problem with the scale's values.
     """
     expected = tuple(p.shape[:-1]) + (D, M)
     shapes = (f"loc {expected} and scale {expected} (diagonal) or {expected + (M,)} (a "
@@ -117,6 +117,11 @@ def check_encoded(out, p: torch.Tensor, D: int, M: int, layer: str, validate: bo
         raise ValueError(f"Amortized: the encoder of layer '{layer}' must return a pair of "
                          f"tensors (loc, scale) with {shapes}, got {_describe(out)}")
     loc, scale = out
+    for name, t in (("loc", loc), ("scale", scale)):
+        if t.dtype != p.dtype or t.device != p.device:
+            raise ValueError(f"Amortized: the encoder of layer '{layer}' returned {name} as "
+                             f"{t.dtype} on {t.device} for inputs {p.dtype} on {p.device}; it "
+                             "must follow its inputs' dtype and device")
     if tuple(loc.shape) != expected:
         raise ValueError(f"Amortized: the encoder of layer '{layer}' returned loc of shape "
                          f"{tuple(loc.shape)} for inputs {tuple(p.shape)}; expected (..., N, "

@@ -190,7 +190,7 @@ class JointGaussian(LayerGuide):
         with torch.no_grad():
             blocks = []
             for site in self.layer_sites:
-                loc, tril = meanfield.q_params(meanfield._sites[site.name.rsplit(".", 1)[0]])
+                loc, tril = meanfield.q_params(meanfield.site(site.name))
                 blocks.append((loc.reshape(-1), torch.block_diag(*tril)))
             self._set_blocks(blocks)
 

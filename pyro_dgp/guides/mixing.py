@@ -161,7 +161,8 @@ class SemiImplicitNormal(dist.TorchDistribution):
         puts the joint surrogate of all conditionals at one site and zero at the others).
     :param on_draw: called as ``on_draw(self, value)`` after each ``rsample`` (a guide keeps
         the instance that drew, which Pyro's plates create by :meth:`expand`).
-    :param like: a tensor whose dtype and device the noise takes (default: ``cond``'s).
+    :param like: a tensor whose dtype and device the noise takes (default: ``cond``'s, else
+        those of ``net``'s parameters).
     :param unit_tril: ``T (D, M, M)`` unit lower-triangular, the components' shared factor
         (module docstring), or ``None`` for diagonal components.
     """
@@ -187,6 +188,8 @@ class SemiImplicitNormal(dist.TorchDistribution):
 
     def _noise(self, shape) -> torch.Tensor:
         ref = self.like if self.like is not None else self.cond
+        if ref is None and isinstance(self.net, torch.nn.Module):
+            ref = next(self.net.parameters(), None)
         kw = {} if ref is None else {"dtype": ref.dtype, "device": ref.device}
         return torch.randn(tuple(shape) + (self.noise_dim,), **kw)
 

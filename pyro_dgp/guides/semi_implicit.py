@@ -82,7 +82,7 @@ class _RecordInducing(Messenger):
         if not isinstance(layer_site(msg), InducingSite):
             return
         run = self.guide.current_run()
-        site = self.guide._sites.get(msg["name"].rsplit(".", 1)[0])
+        site = self.guide.find_site(msg["name"].rsplit(".", 1)[0])
         if run is None or site is None:
             return
         run.draws.setdefault(site.index, LayerDraw()).value = msg["value"]

@@ -67,9 +67,6 @@ class AmortizedELBO(LossFromDifferentiable, AnalyticKL_ELBO):
                 f"beta={self.beta})")
 
     def _settings(self, guide) -> tuple[int, bool, float]:
-        if not isinstance(guide, Amortized):
-            raise TypeError(f"AmortizedELBO needs a pyro_dgp.guides.Amortized guide, got "
-                            f"{type(guide).__name__}")
         S = self.num_paths or guide.num_paths
         if guide.quadrature and S != guide.num_paths:
             raise ValueError(f"AmortizedELBO: rule {guide.rule} has {guide.num_paths} "
@@ -80,15 +77,19 @@ class AmortizedELBO(LossFromDifferentiable, AnalyticKL_ELBO):
 
     def objective(self, model, guide, *args, **kwargs) -> torch.Tensor:
         """The objective (a tensor to differentiate) at one run of the ``S`` paths."""
+        if not isinstance(guide, Amortized):
+            raise TypeError(f"AmortizedELBO needs a pyro_dgp.guides.Amortized guide, got "
+                            f"{type(guide).__name__}")
         if not guide.is_set_up:
             guide.setup(*args, **kwargs)  # its parameters, outside the path plate
         S, predictive, beta = self._settings(guide)
         with _MeanOfInducing():
             model_trace, guide_trace = plated_traces(model, guide, PATH_PLATE, S, args, kwargs)
         weights = guide.path_weights()
-        if weights is None:  # on the data's device: no copy from the host in the step
-            X = next(a for a in args if torch.is_tensor(a))
-            weights = torch.full((S,), 1.0 / S, dtype=X.dtype, device=X.device)
+        if weights is None:  # on the sites' device: no copy from the host in the step
+            like = next(site["value"] for site in model_trace.nodes.values()
+                        if site["type"] == "sample")
+            weights = torch.full((S,), 1.0 / S, dtype=like.dtype, device=like.device)
         data, kl = 0.0, 0.0
         for name, site in model_trace.nodes.items():
             if site["type"] != "sample" or function_site(site) is not None:

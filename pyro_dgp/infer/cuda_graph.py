@@ -162,24 +162,45 @@ class GraphedSteps:
         self.loss_fn, self.params = loss_fn, list(params)
         self.graphed: GraphedLoss | None = None
         self.replays = 0  # the steps whose loss and gradient came from a replay
+        self.last_replayed = False  # whether the latest call's did
 
     def __call__(self, args: Sequence[torch.Tensor]) -> float | None:
         """The step's loss, its gradient in ``p.grad``; ``None`` where the step cannot be
         recorded (warned: the caller trains eagerly from then on)."""
+        self.last_replayed = False
         with pyro.validation_enabled(False):
             if self.graphed is None:
                 try:
                     self.graphed = GraphedLoss(self.loss_fn, self.params, args)
                 except GraphCaptureError as err:
+                    # stacklevel: the user's call of fit
                     warnings.warn(f"{err}; training goes on without it", UserWarning,
-                                  stacklevel=4)
+                                  stacklevel=7)
                     return None
+            device = self.params[0].device
             if self.graphed.fits(*args):
+                state = _rng_state(device)
                 loss = float(self.graphed(*args))
                 if math.isfinite(loss):
                     self.replays += 1
+                    self.last_replayed = True
                     return loss
+                # the eager rerun takes the draws the replay took, as the eager step would
+                _set_rng_state(state, device)
             return float(self.graphed.eager(*args))
+
+
+def _rng_state(device: torch.device) -> torch.Tensor:
+    """The state of ``device``'s default generator (read on the host: no device sync)."""
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+
+
+def _set_rng_state(state: torch.Tensor, device: torch.device) -> None:
+    """Set ``device``'s default generator to ``state`` (from :func:`_rng_state`)."""
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)
 
 
 def check_graph_options(device: torch.device, natural_gradient, distributed: bool) -> None:

@@ -38,8 +38,9 @@ class FitResult:
     estimator of the guide whatever the training objective, averaged over
     ``final_elbo_particles`` draws on the training data; ``nan`` if not evaluated) and
     ``final_elbo_stderr`` its Monte Carlo standard error; ``seconds`` the wall time of the
-    run's steps, those of the calls it resumed included; ``graph_steps`` how many of them were
-    replays of a CUDA graph (``fit(cuda_graph=True)``)."""
+    run's steps, those of the calls it resumed included; ``graph_steps`` how many steps of
+    this call (not of those it resumed) were replays of a CUDA graph
+    (``fit(cuda_graph=True)``)."""
 
     losses: list[float] = field(default_factory=list)
     num_steps: int = 0
@@ -78,6 +79,7 @@ class Trainer:
         self.graph = GraphedSteps(
             lambda *a: self.elbo.differentiable_loss(self.model, self.guide, *a),
             self.params) if cuda_graph else None
+        self.replayed_update = False  # whether the latest update came from a replay
 
     def progress_label(self, loss_per_point: float) -> dict[str, str]:
         """The progress bar's figure: ``elbo/pt`` for an ELBO, ``loss/pt`` for an objective
@@ -182,7 +184,7 @@ class Trainer:
         warnings.warn(
             f"the loss was not finite at step {step}, after an update from a step replayed "
             "from the CUDA graph; the update was taken back and training goes on without the "
-            "graph", UserWarning, stacklevel=4)
+            "graph", UserWarning, stacklevel=6)  # the user's call of fit
         self.result.graph_steps, self.graph = self.graph.replays, None
         self.opt.zero_grad()
         return self.loss_and_grads(step, args)
@@ -208,7 +210,7 @@ class Trainer:
                 group["lr"] = self.lr * self.lr_decay ** (step / max(self.num_steps - 1, 1))
         if self.graph is not None and step > self.start:
             loss, failure = self.graphed_loss_and_grads(step, args)
-            if not math.isfinite(loss) and self.graph is not None and self.graph.replays:
+            if not math.isfinite(loss) and self.replayed_update:
                 loss, failure = self.leave_graph(step, args)
         else:
             self.opt.zero_grad()
@@ -228,6 +230,8 @@ class Trainer:
         if self.natural is not None:
             self.natural.step()
         self.opt.step()
+        # the guard of leave_graph: whether this update came from a replay
+        self.replayed_update = self.graph is not None and self.graph.last_replayed
         self.result.losses.append(loss)
         return loss
 
