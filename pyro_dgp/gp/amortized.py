@@ -19,9 +19,13 @@ Sites (the contract of ``docs/design.md``, with ``u`` local):
 - ``<name>.u``: inside the data plate, batch ``(..., N)``, event ``(D_out, M)``, prior
   ``N(0, I)``. Pyro scales it by the plate's ``N / B`` under subsampling. With
   ``kl_weight="1/N"`` it is also scaled by ``1 / N`` (``poutine.scale``, in the model and so in
-  every guide that runs the model): the ELBO of Meng and Zhang 2024 (App. A), whose per-point
-  KL terms are averaged over the data, not summed. The default ``"one"`` is the ELBO of the
-  model as written.
+  every guide that runs the model): the objective of Meng and Zhang 2024 (App. A), whose
+  per-point KL terms are averaged over the data, not summed. It is the default: with
+  ``"one"``, the ELBO of the model as written, nothing ties the points together (integrating
+  ``u_n`` out leaves ``f_n ~ N(m(x_n), k(x_n, x_n))``, independent over ``n``), so its optimum
+  explains the targets as noise. Measured: on ``y = sin(2x) + 0.1 eps``, 200 points, AR2P,
+  800 steps, test NLL 1.07 and RMSE 0.71 (the targets' spread) with ``"one"``, -0.58 and 0.13
+  with ``"1/N"``.
 - ``<name>.f``: inside the data plate, event ``(D_out,)``, ``p(f_n | u_n, x_n)`` at
   ``Z_n = A(x_n)``, masked and lazy as for :class:`~pyro_dgp.GPLayer`.
 """
@@ -55,8 +59,9 @@ class AmortizedGPLayer(GPLayer):
     :param inducing_offsets: ``(M, D_in)`` initial offsets ``b_m`` of the affine maps.
     :param kernel: a :class:`~pyro_dgp.kernels.Kernel` over D_in (default ARD RBF).
     :param mean: as for :class:`~pyro_dgp.GPLayer` (Meng and Zhang 2024 use ``"zero"``).
-    :param kl_weight: ``"one"`` (default, the ELBO) or ``"1/N"`` (the per-point KL weighted by
-        ``1 / N``, N the data plate's size, as in Meng and Zhang 2024, App. A).
+    :param kl_weight: ``"1/N"`` (default: the per-point KL weighted by ``1 / N``, N the data
+        plate's size, as in Meng and Zhang 2024, App. A) or ``"one"`` (the ELBO of the model,
+        whose optimum fits the targets as noise: module docstring).
     :param train_affine: learn ``W`` and ``b`` (default) or keep them fixed.
     """
 
@@ -73,7 +78,7 @@ class AmortizedGPLayer(GPLayer):
         mean: str | torch.Tensor | Callable = "zero",
         jitter: float | None = None,
         name: str | None = None,
-        kl_weight: str = "one",
+        kl_weight: str = "1/N",
         train_affine: bool = True,
     ):
         super().__init__(input_dim, output_dim, num_inducing=num_inducing,

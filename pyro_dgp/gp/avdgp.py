@@ -57,7 +57,7 @@ def avdgp_regression(
     noise_variance: float = LN2,
     kernel_variance: float = LN2,
     lengthscale: float = LN2,
-    kl_weight: str = "one",
+    kl_weight: str = "1/N",
     jitter: float | None = None,
     seed: int = 0,
     name: str | None = None,
@@ -71,8 +71,9 @@ def avdgp_regression(
     :param kernel: a name of :data:`~pyro_dgp.gp.architectures.KERNELS`; ``ard``: one
         lengthscale per input dimension instead of one per kernel.
     :param likelihood: ``"gaussian"``, ``"studentt"``, ``"probit"`` or an instance.
-    :param kl_weight: ``"one"`` (the ELBO) or ``"1/N"`` (the per-point KL weighted by
-        ``1/N``, Meng and Zhang 2024, App. A); see :class:`AmortizedGPLayer`.
+    :param kl_weight: ``"1/N"`` (default: the per-point KL weighted by ``1/N``, Meng and
+        Zhang 2024, App. A) or ``"one"`` (the ELBO of the model, whose optimum fits the targets
+        as noise); see :class:`AmortizedGPLayer`.
     :param seed: seed of the offsets ``b`` (the global random state is left alone).
     """
     if isinstance(hidden_dims, numbers.Integral):
