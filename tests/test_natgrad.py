@@ -166,3 +166,28 @@ def test_stepping_the_inner_layers_too_breaks_positive_definiteness_on_the_step_
             ngd.loss_and_grads(lambda: elbo.differentiable_loss(model, guide, X, y))
             ngd.step()
             optim.step()
+
+
+def test_a_natural_step_that_fails_in_fit_is_a_divergence(tmp_path):
+    """A constant gamma = 0.1 from the start (no warm-up) overshoots full Coupled's precision
+    on the step data at step 1: fit stops as at a divergence, naming gamma and the warm-up,
+    with the parameters of before that step restored and checkpointed; the warm-up to the
+    same gamma trains."""
+    split = dgp.datasets.step(n_train=60, seed=0)
+    X, y = split.X_train, split.y_train
+    pyro.clear_param_store()
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=8)
+    guide = dgp.guides.Coupled(model)
+    ckpt = tmp_path / "ckpt.pt"
+    with pytest.raises(dgp.TrainingDivergedError,
+                       match=r"step of size 0.1 .*not positive definite.*warmup_gamma.*at step 1"):
+        dgp.fit(model, guide, X, y, num_steps=20, natural_gradient=0.1, progress=False,
+                final_elbo_particles=0, checkpoint=ckpt)
+    assert ckpt.exists()
+    assert all(torch.isfinite(p).all() for p in guide.parameters())
+    pyro.clear_param_store()
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=8)
+    guide = dgp.guides.Coupled(model)
+    result = dgp.fit(model, guide, X, y, num_steps=20, natural_gradient=warmup_gamma(0.1),
+                     progress=False, final_elbo_particles=0)
+    assert all(math.isfinite(loss) for loss in result.losses)

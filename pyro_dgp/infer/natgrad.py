@@ -27,7 +27,9 @@ written out)::
         ngd.step()
         optim.step()
 
-``pyro_dgp.fit(..., natural_gradient=gamma)`` runs this loop.
+``pyro_dgp.fit(..., natural_gradient=warmup_gamma(0.1))`` runs this loop (a constant
+``gamma`` is taken as it is: ``1`` lands on the optimum of a conjugate model at once); a step
+that fails (:class:`NaturalStepError`) stops it as a divergence.
 """
 
 from __future__ import annotations
@@ -39,8 +41,12 @@ import torch
 
 from ..guides.blocks import GaussianBlocks
 
-__all__ = ["NaturalGradient", "expectation_parameters", "moment_parameters", "natural_step",
-           "warmup_gamma"]
+__all__ = ["NaturalGradient", "NaturalStepError", "expectation_parameters", "moment_parameters",
+           "natural_step", "warmup_gamma"]
+
+
+class NaturalStepError(ValueError):
+    """A natural-gradient step left a precision that is not positive definite."""
 
 
 def expectation_parameters(loc: torch.Tensor, scale_tril: torch.Tensor):
@@ -57,7 +63,7 @@ def moment_parameters(eta1: torch.Tensor, eta2: torch.Tensor):
 def natural_step(loc, scale_tril, grad_eta1, grad_eta2, gamma: float, name: str = "q(u)"):
     """``(loc, scale_tril)`` after ``theta <- theta - gamma grad_eta`` (module docstring).
 
-    :raises ValueError: the new precision ``S^-1 + 2 gamma grad_eta2`` is not positive
+    :raises NaturalStepError: the new precision ``S^-1 + 2 gamma grad_eta2`` is not positive
         definite (the step was too long for this block): a smaller ``gamma`` is needed.
     """
     eye = torch.eye(loc.shape[-1], dtype=loc.dtype, device=loc.device)
@@ -67,8 +73,9 @@ def natural_step(loc, scale_tril, grad_eta1, grad_eta2, gamma: float, name: str 
     precision = S_inv + 2 * gamma * g2  # -2 theta2
     L_p, info = torch.linalg.cholesky_ex(0.5 * (precision + precision.mT))
     if bool(info.any()):
-        raise ValueError(f"natural gradient: the step of size {gamma:g} leaves the precision of "
-                         f"{name} not positive definite; use a smaller gamma")
+        raise NaturalStepError(f"natural gradient: the step of size {gamma:g} leaves the "
+                               f"precision of {name} not positive definite; use a smaller "
+                               "gamma, or warm up to it (natgrad.warmup_gamma)")
     new_loc = torch.cholesky_solve(theta1.unsqueeze(-1), L_p).squeeze(-1)
     # S = P^-1 = L_p^-T L_p^-1; its lower Cholesky factor
     L_inv = torch.linalg.solve_triangular(L_p, eye.expand_as(L_p), upper=False)
@@ -95,6 +102,7 @@ class NaturalGradient:
 
     :param gamma: the step size, or a schedule ``step -> gamma`` (:func:`warmup_gamma`);
         ``0 < gamma <= 1``.
+
     :param blocks: the names of the blocks to step (the others stay with the optimiser of
         the rest), ``"all"``, or ``"last"`` (default): the block of the last layer's
         ``q(u)``, all of ``q`` in a one-layer model. In a deep model the inner layers'

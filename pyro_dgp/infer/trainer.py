@@ -20,7 +20,7 @@ from .batches import Batches
 from .checkpoint import atomic_save, rng_state, safe_load, set_rng_state
 from .cuda_graph import GraphedSteps, side_stream
 from .distributed import DataParallel, PeerFailedError
-from .natgrad import NaturalGradient
+from .natgrad import NaturalGradient, NaturalStepError
 from .optim import drop_non_finite_moments
 
 __all__ = ["FitResult", "Trainer", "TrainingDivergedError"]
@@ -228,7 +228,10 @@ class Trainer:
             for p, good in zip(self.params, self.last_good, strict=True):
                 good.copy_(p)
         if self.natural is not None:
-            self.natural.step()
+            try:
+                self.natural.step()
+            except NaturalStepError as err:  # the parameters of before this step come back
+                raise self.diverged(step, math.nan, err, step_rng) from err
         self.opt.step()
         # the guard of leave_graph: whether this update came from a replay
         self.replayed_update = self.graph is not None and self.graph.last_replayed
