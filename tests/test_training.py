@@ -564,3 +564,43 @@ def test_dropping_non_finite_moments_covers_scalar_parameters():
     scalar.grad, vector.grad = torch.tensor(1.0), torch.ones(3)
     opt.step()
     assert torch.isfinite(scalar) and torch.isfinite(vector).all()
+
+
+def test_a_second_model_object_of_the_same_names_is_warned_about(step):
+    """Pyro's global parameter store goes by name: a fresh instance of a hand-written model
+    class takes the parameters the first one trained. fit says so, naming them; after
+    pyro.clear_param_store() the fresh instance starts from its own values, silently."""
+    from pyro.distributions import constraints
+    from pyro.nn import PyroModule, PyroParam
+
+    class One(PyroModule):
+        def __init__(self, Z):
+            super().__init__()
+            self.l1 = dgp.GPLayer(1, 1, inducing_points=Z)
+            self.noise = PyroParam(Z.new_tensor(0.1), constraints.positive)
+
+        def forward(self, x, y=None):
+            plate = pyro.plate("data", x.shape[-2], dim=-1)
+            f = self.l1(x, plate=plate)
+            with plate:
+                return pyro.sample("y", dist.Normal(f.squeeze(-1), self.noise), obs=y)
+
+    X, y = step.X_train, step.y_train
+    Z = torch.linspace(-1, 1, 5, dtype=X.dtype)[:, None]
+
+    def fit_one():
+        model = One(Z)
+        dgp.fit(model, dgp.guides.MeanField(model), X, y, num_steps=3, lr=0.05,
+                progress=False, final_elbo_particles=0)
+        return model
+
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        fit_one()
+    with pytest.warns(UserWarning, match=r"parameters of the model \(noise, l1.inducing_points"):
+        fit_one()
+    pyro.clear_param_store()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        fit_one()

@@ -3,9 +3,11 @@ its moments after a divergence."""
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
-__all__ = ["drop_non_finite_moments", "make_optimizer", "parameters_of"]
+__all__ = ["drop_non_finite_moments", "make_optimizer", "parameters_of", "warn_if_taken_from_store"]
 
 
 def parameters_of(*modules) -> list[torch.nn.Parameter]:
@@ -18,6 +20,25 @@ def parameters_of(*modules) -> list[torch.nn.Parameter]:
                 seen.add(id(p))
                 out.append(p)
     return out
+
+
+def warn_if_taken_from_store(model: torch.nn.Module,
+                             before: dict[str, torch.Tensor]) -> None:
+    """Warn where ``model``'s parameters are no longer the tensors ``before`` (its
+    ``named_parameters()`` before its first run): a ``PyroModule`` whose parameter's name is
+    already in Pyro's global parameter store takes the stored tensor in place of its own (a
+    second instance of a hand-written model class, whose names are its attribute paths, takes
+    the values the first one trained)."""
+    taken = [name.removesuffix("_unconstrained") for name, p in model.named_parameters()
+             if name in before and before[name] is not p]
+    if taken:
+        shown = ", ".join(taken[:5]) + (f" and {len(taken) - 5} more" if len(taken) > 5 else "")
+        warnings.warn(
+            f"fit: {len(taken)} parameters of the model ({shown}) were taken from Pyro's "
+            "parameter store, which already held their names (another model object of the "
+            "same names?), so training starts from those values, not from the model's own. "
+            "Call pyro.clear_param_store() before building the model, or name each instance "
+            "apart (PyroModule(name=...)).", UserWarning, stacklevel=5)  # the user's fit
 
 
 def drop_non_finite_moments(opt: torch.optim.Optimizer) -> None:

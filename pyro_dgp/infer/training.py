@@ -19,7 +19,7 @@ from .draws import check_guide_of
 from .minibatch import check_minibatch_scale
 from .natgrad import NaturalGradient
 from .objectives import make_objective
-from .optim import make_optimizer, parameters_of
+from .optim import make_optimizer, parameters_of, warn_if_taken_from_store
 from .threads import num_threads, step_work, threads_for
 from .trainer import FitResult, Trainer, TrainingDivergedError
 
@@ -163,8 +163,10 @@ def _fit(model, guide, batches: Batches, parallel: DataParallel | None, *, num_s
         raise ValueError(f"cuda_graph=True needs an objective with differentiable_loss; "
                          f"{type(elbo).__name__} has none")
     X0, y0 = batches.first()
+    own = dict(model.named_parameters())
     with torch.no_grad():
         guide(X0, y0)  # creates lazily-built variational parameters
+    warn_if_taken_from_store(model, own)
     if batches.local_size < batches.num_data:
         n = batches.local_size
         check_minibatch_scale(model, guide, X0[:n], y0[:n], batches.num_data)
