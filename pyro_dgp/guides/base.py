@@ -214,6 +214,12 @@ class LayerGuide(PyroModule):
         self._ensure_set_up()
         return list(self._sites)
 
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """``torch.nn.Module.load_state_dict``, after setting a guide that has not run up from
+        the model's ``example_args()``: its parameters are created lazily."""
+        self._ensure_set_up()
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
     def _ensure_set_up(self) -> None:
         if not self._set_up:
             with torch.random.fork_rng(devices=[]):  # a prototype run draws; keep the stream

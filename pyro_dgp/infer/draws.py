@@ -72,9 +72,12 @@ def check_guide_of(model, guide, where: str) -> None:
         def name(m):
             return f"{type(m).__name__} '{getattr(m, '_pyro_name', '') or id(m)}'"
 
+        copy = (" (another object of the same name: a copy? copy a model and its guide "
+                "together, copy.deepcopy((model, guide)))" if name(guide.model) == name(model)
+                else "")
         raise ValueError(
             f"{where}: the guide {type(guide).__name__} was built for the model "
-            f"{name(guide.model)}, not for {name(model)}; build the guide on this model "
+            f"{name(guide.model)}, not for {name(model)}{copy}; build the guide on this model "
             "(e.g. guides.MeanField(model)) or pass the guide's own model (guide.model)"
         )
 
