@@ -205,6 +205,9 @@ def test_importance_weighted_objectives_refuse_guides_without_per_draw_weights()
             renyi.loss(model, guide, X, y)
         with pytest.raises(ValueError, match="importance weight"):
             renyi.loss_and_grads(model, guide, X, y)
+    with pytest.raises(ValueError, match=r"SemiImplicit does not give \(its log q\(u\) has no "
+                                         "closed form"):
+        renyi.loss(model, make_guide("ssivi", model), X, y)
     for name in ("meanfield-sampled", "autonormal"):
         assert math.isfinite(renyi.loss(model, make_guide(name, model), X, y))
 

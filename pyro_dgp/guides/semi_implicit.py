@@ -118,6 +118,9 @@ class SemiImplicit(LayerGuide):
 
     mean_field = False
     per_draw_weights = False
+    #: why (:func:`~pyro_dgp.infer.importance.check_importance_weights` says it)
+    no_weights_reason = ("its log q(u) has no closed form: it scores u by the surrogate of K "
+                         "extra mixing draws, a bound, not the density")
     #: ``log q`` is intractable: the sites score the surrogate ``log q_K``
     tractable_log_q = False
 

@@ -32,14 +32,15 @@ def check_importance_weights(guide) -> None:
     collapsed ``f``, or ``u`` scored by a closed-form KL): a Renyi or importance-weighted
     bound computed from its runs would not bound ``log p(y)``. Every objective of the package
     that needs per-draw weights calls this; a guide without the attribute (any other Pyro
-    guide) is taken as it is.
+    guide) is taken as it is. A guide's ``no_weights_reason``, if it has one, says why.
 
     :raises ValueError: naming the guide and the guides to use instead."""
     if not getattr(guide, "per_draw_weights", True):
+        why = getattr(guide, "no_weights_reason", "it draws f from a collapsed marginal, not "
+                      "given the sampled u, or scores u by a closed-form KL")
         raise ValueError(
             f"RenyiELBO needs each draw's importance weight, which {type(guide).__name__} does "
-            "not give (it draws f from a collapsed marginal, not given the sampled u, or scores "
-            "u by a closed-form KL): the result would not be a bound on log p(y). Use "
+            f"not give ({why}): the result would not be a bound on log p(y). Use "
             "MeanField(model, collapsed=False) (guide 'meanfield-sampled') or a completed "
             "autoguide (guides.complete; 'autonormal', 'automvn', ...), or the ELBO"
         )
