@@ -46,10 +46,14 @@ from pyro.infer.autoguide import AutoMultivariateNormal
 
 import pyro_dgp as dgp
 
-# the gallery models/ sits beside pyro_dgp/ in the repository (not installed)
-sys.path.insert(0, str(next(p for p in [Path.cwd(), *Path.cwd().parents]
-                            if (p / "models").is_dir())))
-import models  # noqa: E402
+# the gallery models/ sits beside pyro_dgp/ in the repository (not installed): importable from
+# the path, else found from the working directory up
+try:
+    import models
+except ImportError:
+    sys.path.insert(0, str(next((p for p in [Path.cwd(), *Path.cwd().parents]
+                                 if (p / "models").is_dir()), Path.cwd())))
+    import models
 
 SMALL = os.environ.get("PYRO_DGP_NOTEBOOK_SIZE", "full") == "small"
 N, M, STEPS, DRAWS = (60, 8, 150, 64) if SMALL else (200, 20, 3000, 200)
