@@ -5,17 +5,27 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import torch
 
 __all__ = [
+    "FLOAT_DTYPES",
     "binary_labels",
+    "check_bool",
+    "check_dtype",
     "check_inputs",
     "check_targets",
     "check_positive_finite",
     "check_positive_int",
+    "labels_like",
     "positive_tensor",
     "unique_name",
 ]
+
+#: dtypes a deep GP computes in: its Cholesky factorisations need at least single precision
+#: (torch has none for float16 or bfloat16, whose 3 significant digits would make any kernel
+#: matrix of close inputs numerically singular anyway)
+FLOAT_DTYPES = (torch.float32, torch.float64)
 
 _counters: dict[str, itertools.count] = {}
 
@@ -32,9 +42,21 @@ def unique_name(base: str) -> str:
     return base if n == 0 else f"{base}_{n}"
 
 
-def check_finite(t: torch.Tensor, label: str) -> None:
+def check_dtype(t: torch.Tensor, label: str) -> None:
+    """``t`` must be float32 or float64 (:data:`FLOAT_DTYPES`), else a ``TypeError`` naming
+    ``label`` and its dtype."""
     if not torch.is_floating_point(t):
         raise TypeError(f"{label} must be a floating-point tensor, got dtype {t.dtype}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(
+            f"{label} has dtype {t.dtype}, but a deep GP needs float32 or float64 (its Cholesky "
+            "factorisations are not available in lower precision): convert it with .float() "
+            "or .double()")
+
+
+def check_finite(t: torch.Tensor, label: str) -> None:
+    """``t`` float32 or float64 (:func:`check_dtype`) without NaN or inf."""
+    check_dtype(t, label)
     bad = ~torch.isfinite(t)
     if bool(bad.any()):
         n = int(bad.sum())
@@ -42,8 +64,9 @@ def check_finite(t: torch.Tensor, label: str) -> None:
 
 
 def check_inputs(X, input_dim: int | None = None, label: str = "X", finite: bool = True) -> None:
-    """``X`` must be a float tensor of shape ``(..., N, D)``, and finite unless
-    ``finite=False`` (the finiteness check is a pass over ``X`` and a host sync)."""
+    """``X`` must be a float32 or float64 tensor of shape ``(..., N, D)`` with ``N >= 1``, and
+    finite unless ``finite=False`` (the finiteness check is a pass over ``X`` and a host
+    sync)."""
     if not isinstance(X, torch.Tensor):
         raise TypeError(f"{label} must be a torch.Tensor, got {type(X).__name__}")
     if X.dim() < 2:
@@ -51,12 +74,15 @@ def check_inputs(X, input_dim: int | None = None, label: str = "X", finite: bool
             f"{label} must have shape (N, D) (one row per data point), got shape "
             f"{tuple(X.shape)}; use X.unsqueeze(-1) for a single input dimension"
         )
+    if X.shape[-2] == 0:
+        raise ValueError(f"{label} has no rows (shape {tuple(X.shape)}): at least one data "
+                         "point is needed")
     if input_dim is not None and X.shape[-1] != input_dim:
         raise ValueError(f"{label} has {X.shape[-1]} columns, expected {input_dim}")
     if finite:
         check_finite(X, label)
-    elif not torch.is_floating_point(X):
-        raise TypeError(f"{label} must be a floating-point tensor, got dtype {X.dtype}")
+    else:
+        check_dtype(X, label)
 
 
 def check_targets(y, num_data: int, label: str = "y", binary: bool = False) -> None:
@@ -166,3 +192,24 @@ def binary_labels(y: torch.Tensor, label: str = "y") -> torch.Tensor:
         raise ValueError(f"{label}: binary labels must be 0/1 or -1/1, got the values "
                          f"{sorted(values)[:10]}")
     return y > 0.5
+
+
+def labels_like(y, like: torch.Tensor):
+    """Integer or boolean class labels ``y`` as a tensor of ``like``'s dtype and device (the
+    values are kept: a 0/1 check follows); anything else is returned unchanged."""
+    if isinstance(y, torch.Tensor) and (y.dtype == torch.bool or not (
+            y.is_floating_point() or y.is_complex())):
+        return y.to(dtype=like.dtype, device=like.device)
+    return y
+
+
+def check_bool(value, label: str) -> bool:
+    """A boolean option (``bool`` or NumPy's ``bool_``) as ``bool``.
+
+    :raises TypeError: anything else (``"no"``, ``0``, ``None``...), naming ``label``: a
+        string or number would otherwise be read by its truth value.
+    """
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    raise TypeError(f"{label} must be True or False, got {value!r} (of type "
+                    f"{type(value).__name__})")

@@ -16,11 +16,19 @@ from scipy.cluster.vq import kmeans2
 from .. import kernels as K
 from ..likelihoods import BernoulliProbit, Gaussian, Likelihood, StudentT
 from ..state import global_setting
-from ..validation import check_inputs, check_positive_finite, check_positive_int, check_targets
+from ..validation import (
+    check_bool,
+    check_inputs,
+    check_positive_finite,
+    check_positive_int,
+    check_targets,
+    labels_like,
+)
 from .layer import GPLayer
 
-__all__ = ["KERNELS", "LIKELIHOODS", "LN2", "check_regression_arguments", "default_dtype",
-           "dsvi_layers", "kmeans", "make_likelihood", "pca_mean"]
+__all__ = ["DEFAULT_NUM_INDUCING", "KERNELS", "LIKELIHOODS", "LN2", "SMALL_INPUT_STD",
+           "check_regression_arguments", "default_dtype", "dsvi_layers", "kmeans",
+           "make_likelihood", "pca_mean"]
 
 
 #: ``ln 2 = softplus(0)``: the starting noise variance, kernel variances and lengthscales of
@@ -44,12 +52,52 @@ def default_dtype(dtype: torch.dtype):
 
 
 def kmeans(X: torch.Tensor, M: int, seed: int) -> torch.Tensor:
-    """``(M, D)`` k-means centres of ``X`` (scipy's k-means++), on X's device and dtype."""
-    if M == X.shape[0]:
-        return X.clone()
+    """``(M, D)`` distinct k-means centres of ``X (N, D)`` (scipy's k-means++), on X's device
+    and dtype.
+
+    With ``M = N`` distinct rows, ``X`` itself. With at most ``M`` distinct rows (duplicated
+    inputs), those rows (the k-means optimum, every cluster a point), and the remaining
+    centres drawn around them (:func:`_fill_distinct`): identical inducing inputs would make
+    ``K_uu`` singular and duplicate each other's work."""
     Xn = X.detach().cpu().double().numpy()
-    centres, _ = kmeans2(Xn, M, minit="++", seed=np.random.default_rng(seed))
-    return torch.as_tensor(centres, dtype=X.dtype, device=X.device)
+    distinct = np.unique(Xn, axis=0)
+    if len(distinct) == M == X.shape[0]:
+        return X.clone()
+    if len(distinct) <= M:
+        centres = distinct
+    else:
+        with warnings.catch_warnings():
+            # an empty cluster keeps its last centre, a usable inducing input; a centre that
+            # coincides with another is replaced by _fill_distinct
+            warnings.filterwarnings("ignore", "One of the clusters is empty", UserWarning)
+            centres, _ = kmeans2(Xn, M, minit="++", seed=np.random.default_rng(seed))
+    return torch.as_tensor(_fill_distinct(centres, M, Xn, seed, X.dtype), device=X.device)
+
+
+def _first_distinct(rows: np.ndarray) -> np.ndarray:
+    """The distinct rows of ``rows (n, D)``, each at its first occurrence, in order."""
+    _, first = np.unique(rows, axis=0, return_index=True)
+    return rows[np.sort(first)]
+
+
+def _fill_distinct(centres: np.ndarray, M: int, Xn: np.ndarray, seed: int,
+                   dtype: torch.dtype) -> np.ndarray:
+    """``(M, D)`` distinct rows in ``dtype`` (as NumPy): the distinct rows of ``centres``
+    first, then, where there are fewer than ``M``, points drawn (from ``seed``) around them
+    in turn: ``c + 0.01 sd * e``, ``e ~ N(0, I)``, ``sd`` the per-column standard deviation
+    of the data ``Xn (N, D)`` (``max(1, |x|)`` on a constant column), so they stay within
+    the data's spread; a draw that rounds onto an existing row is drawn again, wider."""
+    np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+    out = _first_distinct(centres.astype(np_dtype))
+    rng = np.random.default_rng(seed)
+    spread = Xn.std(0)
+    scale = 1e-2 * np.where(spread > 0, spread, np.maximum(np.abs(Xn).max(0), 1.0))
+    while out.shape[0] < M:
+        base = out[np.arange(M - out.shape[0]) % out.shape[0]].astype(np.float64)
+        drawn = base + scale * rng.standard_normal(base.shape)
+        out = _first_distinct(np.concatenate([out, drawn.astype(np_dtype)]))
+        scale = 2 * scale
+    return out
 
 
 def pca_mean(X: torch.Tensor, d_out: int) -> torch.Tensor:
@@ -73,6 +121,34 @@ def pca_mean(X: torch.Tensor, d_out: int) -> torch.Tensor:
                       X.new_zeros(d_in, d_out - d_in)], dim=1)
 
 
+#: a column of ``X`` with a standard deviation below this is warned about: with the starting
+#: lengthscale ``ln 2`` two points one such deviation apart have a kernel correlation above
+#: ``exp(-0.1^2 / (2 ln^2 2)) = 0.99``, so the initial GP is nearly constant along the column
+#: and the fit must first shrink the lengthscale by an order of magnitude or more. On
+#: ``sin(2x)``, ``x`` uniform on ``[-3, 3]``, 1,000 Adam steps fit at a column deviation of
+#: 0.05 and settle on the constant mean at 0.017 (and below), so a threshold of ``1e-2``
+#: would miss such failures; ``0.1`` leaves a margin.
+SMALL_INPUT_STD = 0.1
+
+
+def _column_messages(X: torch.Tensor) -> tuple[list[str], list[int]]:
+    """Messages on ``X (N, D)``'s columns off the standardised scale, and the indices of its
+    constant columns (``N >= 2``)."""
+    mean, std = X.mean(0), X.std(0)
+    m, s = float(mean.abs().max()), float(std.max())
+    msgs = []
+    if m > 100 or s > 100:
+        msgs.append(f"X has columns with |mean| up to {m:.3g} and standard deviation up to "
+                    f"{s:.3g}")
+    small = ((std > 0) & (std < SMALL_INPUT_STD)).nonzero().flatten().tolist()
+    if small:
+        listed = small[:10] + (["..."] if len(small) > 10 else [])
+        msgs.append(f"X's column(s) {listed} have a standard deviation below "
+                    f"{SMALL_INPUT_STD} (down to {float(std[small].min()):.3g}), on which the "
+                    "starting lengthscales see a nearly constant function")
+    return msgs, (std == 0).nonzero().flatten().tolist()
+
+
 def _warn_unstandardised(X: torch.Tensor, y: torch.Tensor | None) -> None:
     """Warn where ``regression``'s defaults, which assume standardised data, do not fit it.
 
@@ -80,18 +156,19 @@ def _warn_unstandardised(X: torch.Tensor, y: torch.Tensor | None) -> None:
     layer's zero mean are on the scale of standardised targets and inputs: on raw targets in
     the thousands the noise must grow by orders of magnitude before the predictive variance
     means anything (a review found badly miscalibrated intervals after thousands of steps,
-    silently), and inputs far from the origin cost float32 digits in every kernel matrix."""
+    silently), inputs far from the origin cost float32 digits in every kernel matrix, and
+    along inputs of a small spread (:data:`SMALL_INPUT_STD`) the starting GP is constant.
+    Constant columns are named apart: they carry no information, and standardising them
+    divides by zero."""
     with torch.no_grad():
-        msgs = []
+        msgs, constant = [], []
         if y is not None and y.numel() > 1:
             m, s = float(y.mean()), float(y.std())
             if not (0.1 <= s <= 10 and abs(m) <= 3 * s):
                 msgs.append(f"y has mean {m:.3g} and standard deviation {s:.3g}")
         if X.shape[0] > 1:
-            m, s = X.mean(0).abs().max(), X.std(0).max()
-            if float(m) > 100 or float(s) > 100:
-                msgs.append(f"X has columns with |mean| up to {float(m):.3g} and standard "
-                            f"deviation up to {float(s):.3g}")
+            x_msgs, constant = _column_messages(X)
+            msgs += x_msgs
     if msgs:
         warnings.warn(
             "DeepGP.regression's initial noise variance, kernel variances and lengthscales "
@@ -100,22 +177,41 @@ def _warn_unstandardised(X: torch.Tensor, y: torch.Tensor | None) -> None:
             "to report in original units), or pass noise_variance, kernel_variance and "
             "lengthscale on the data's scale",
             UserWarning, stacklevel=4)
+    if constant:
+        listed = constant[:10] + (["..."] if len(constant) > 10 else [])
+        warnings.warn(
+            f"X's column(s) {listed} are constant: they carry no information about y "
+            "(drop them; standardising them would divide by zero)", UserWarning, stacklevel=4)
+
+
+#: ``num_inducing`` of the builders when not given: ``min(DEFAULT_NUM_INDUCING, N)`` (every
+#: training point an inducing input when ``N <= 100``)
+DEFAULT_NUM_INDUCING = 100
 
 
 def check_regression_arguments(X, y, num_layers, hidden_dim, num_inducing, kernel, likelihood,
-                               noise_variance, seed) -> dict:
+                               noise_variance, seed, flags: dict | None = None) -> dict:
     """Validate :meth:`~pyro_dgp.DeepGP.regression`'s arguments (warning on unstandardised
-    data); returns ``{"num_layers", "hidden", "M", "seed", "noise_variance"}`` checked."""
+    data); returns ``{"num_layers", "hidden", "M", "seed", "noise_variance"}`` checked, and
+    the boolean options ``flags`` (name to value) each checked to be a bool under its name.
+
+    ``num_inducing=None``: ``min(100, N)``. Integer or boolean labels of a binary likelihood
+    are read in ``X``'s dtype."""
     check_inputs(X)
     if X.dim() != 2:
         raise ValueError(f"X must be 2-D (N, D), got shape {tuple(X.shape)}")
     N, D = X.shape
     binary = likelihood == "probit" or isinstance(likelihood, BernoulliProbit)
+    if binary:
+        y = labels_like(y, X)
     check_targets(y, N, binary=binary)
     if y.dim() != 1:
         raise ValueError(f"y must be 1-D of shape (N,), got shape {tuple(y.shape)}")
+    checked = {name: check_bool(value, f"DeepGP.regression: {name}")
+               for name, value in (flags or {}).items()}
     num_layers = check_positive_int(num_layers, "num_layers")
-    M = check_positive_int(num_inducing, "num_inducing", upper=N)
+    M = (min(DEFAULT_NUM_INDUCING, N) if num_inducing is None
+         else check_positive_int(num_inducing, "num_inducing", upper=N))
     hidden = check_positive_int(hidden_dim if hidden_dim is not None else min(30, D),
                                 "hidden_dim")
     if kernel not in KERNELS:
@@ -133,7 +229,7 @@ def check_regression_arguments(X, y, num_layers, hidden_dim, num_inducing, kerne
             f"DeepGP.regression: likelihood must be one of {sorted(LIKELIHOODS)} or a "
             f"pyro_dgp.likelihoods.Likelihood, got {type(likelihood).__name__}"
         )
-    return {"num_layers": num_layers, "hidden": hidden, "M": M, "seed": seed,
+    return {**checked, "num_layers": num_layers, "hidden": hidden, "M": M, "seed": seed,
             "noise_variance": noise_variance}
 
 

@@ -138,7 +138,7 @@ class DeepGP(PyroModule):
         cls, X: torch.Tensor, y: torch.Tensor, *,
         num_layers: int = 2,
         hidden_dim: int | None = None,
-        num_inducing: int = 100,
+        num_inducing: int | None = None,
         kernel: str = "rbf",
         likelihood: str | Likelihood = "gaussian",
         whiten: bool = True,
@@ -155,10 +155,10 @@ class DeepGP(PyroModule):
     ) -> DeepGP:
         """A DSVI deep GP (Salimbeni and Deisenroth 2017) with the package's starting values.
 
-        k-means inducing inputs, propagated through the linear (identity/PCA) means of the
-        inner layers; ARD kernels; between-layer noise ``inner_noise`` (a White kernel) on
-        inner layers; zero mean on the last layer. Everything is created on ``X``'s device and
-        dtype.
+        ``num_inducing`` distinct k-means inducing inputs (default ``min(100, N)``), propagated
+        through the linear (identity/PCA) means of the inner layers; ARD kernels; between-layer
+        noise ``inner_noise`` (a White kernel) on inner layers; zero mean on the last layer.
+        Everything is created on ``X``'s device and dtype (float32 or float64).
 
         Starting values (an initialisation study on kin8nm, power and concrete, 3 splits each,
         ``BENCHMARKS.md``): noise variance, kernel variances and lengthscales all
@@ -170,7 +170,7 @@ class DeepGP(PyroModule):
         train_mean=False`` and ``MeanField(model, inner_variance=1e-5)``) to reproduce the
         paper's runs. Both assume standardised inputs and targets.
 
-        :param X: ``(N, D)`` training inputs; :param y: ``(N,)`` training targets.
+        :param X: ``(N, D)`` inputs; :param y: ``(N,)`` targets (probit: labels 0/1, or int/bool).
         :param hidden_dim: width of inner layers, default ``min(30, D)``.
         :param likelihood: ``"gaussian"``, ``"studentt"``, ``"probit"`` or an instance.
         :param inducing: ``"fixed"`` or ``"locations"`` (see :class:`DeepGP`).
@@ -183,21 +183,21 @@ class DeepGP(PyroModule):
             else it holds ``f(Z)`` too (Ustyuzhaninov et al. 2020, §4.2 as published). See
             :class:`DeepGP`.
         """
-        checked = check_regression_arguments(X, y, num_layers, hidden_dim, num_inducing, kernel,
-                                             likelihood, noise_variance, seed)
-        N = X.shape[0]
+        checked = check_regression_arguments(
+            X, y, num_layers, hidden_dim, num_inducing, kernel, likelihood, noise_variance, seed,
+            flags={"whiten": whiten, "ard": ard, "train_mean": train_mean})
         with default_dtype(X.dtype):
-            lik = make_likelihood(likelihood, checked["noise_variance"])
-            layers = dsvi_layers(X, checked["num_layers"], checked["hidden"], checked["M"],
-                                 kernel, whiten, inner_noise, kernel_variance, lengthscale,
-                                 jitter, checked["seed"], inducing, ard=ard,
-                                 train_mean=train_mean)
-            model = cls(layers, lik, num_data=N, name=name, inducing=inducing)
+            lik = make_likelihood(likelihood, checked.pop("noise_variance"))
+            layers = dsvi_layers(X, kernel=kernel, inner_noise=inner_noise, jitter=jitter,
+                                 kernel_variance=kernel_variance, lengthscale=lengthscale,
+                                 inducing=inducing, **checked)
+            model = cls(layers, lik, num_data=X.shape[0], name=name, inducing=inducing)
         return model.to(device=X.device, dtype=X.dtype)
 
     @classmethod
     def classification(cls, X: torch.Tensor, y: torch.Tensor, **kwargs) -> DeepGP:
-        """A deep GP with a Bernoulli-probit likelihood; ``y`` holds labels 0/1.
+        """A deep GP with a Bernoulli-probit likelihood; ``y`` ``(N,)`` holds labels 0/1
+        (floating-point, integer or boolean: read in ``X``'s dtype and device).
 
         Takes the keyword arguments of :meth:`regression` except ``likelihood``.
         """

@@ -10,7 +10,13 @@ import torch
 
 from ..datasets.stream import RowStream, as_stream
 from ..errors import user_errors_first
-from ..validation import check_inputs, check_positive_int, check_targets
+from ..validation import (
+    check_inputs,
+    check_positive_finite,
+    check_positive_int,
+    check_targets,
+    labels_like,
+)
 from .batches import Batches, check_stream, model_dtype_device
 from .chunked import fit_elbo
 from .cuda_graph import check_graph_options
@@ -26,9 +32,37 @@ from .trainer import FitResult, Trainer, TrainingDivergedError
 __all__ = ["FitResult", "TrainingDivergedError", "fit", "make_objective", "make_optimizer"]
 
 
-def _check_arguments(model, X, y, num_steps, batch_size, lr, lr_decay, checkpoint_every):
-    """Validate ``fit``'s arguments; returns ``(X, N, B)``, ``X`` a tensor or a stream
-    (:func:`~pyro_dgp.datasets.stream.as_stream`). Sets the model's ``num_data``."""
+#: the largest seed NumPy's global stream takes (``pyro.set_rng_seed`` seeds it too)
+MAX_SEED = 2**32 - 1
+
+
+def _check_options(lr, lr_decay, num_particles, seed, optimizer, final_elbo_particles,
+                   threads) -> None:
+    """Validate ``fit``'s settings, each error naming its argument, before anything is
+    derived from them (the thread count from ``num_particles``)."""
+    check_positive_finite(lr, "lr")
+    if lr_decay is None or isinstance(lr_decay, bool | str | bytes):
+        raise TypeError(f"lr_decay must be a number in (0, 1], got {lr_decay!r} (of type "
+                        f"{type(lr_decay).__name__})")
+    if not 0 < float(lr_decay) <= 1:
+        raise ValueError(f"lr_decay must be in (0, 1], got {lr_decay}")
+    check_positive_int(num_particles, "num_particles")
+    if seed is not None:
+        check_positive_int(seed, "seed", upper=MAX_SEED, allow_zero=True)
+    check_positive_int(final_elbo_particles, "final_elbo_particles", allow_zero=True)
+    if threads is not None:
+        check_positive_int(threads, "threads")
+    if isinstance(optimizer, str | bytes) or not callable(optimizer):
+        raise TypeError(
+            f"optimizer must be a torch.optim.Optimizer class such as torch.optim.Adam (or a "
+            f"callable (params, lr=...) -> optimizer), got {optimizer!r} (of type "
+            f"{type(optimizer).__name__})")
+
+
+def _check_arguments(model, X, y, num_steps, batch_size, checkpoint_every):
+    """Validate ``fit``'s data and sizes; returns ``(X, y, N, B)``, ``X`` a tensor or a stream
+    (:func:`~pyro_dgp.datasets.stream.as_stream`), integer or boolean labels of a binary
+    likelihood in ``X``'s dtype. Sets the model's ``num_data``."""
     if not isinstance(X, torch.Tensor):
         X = as_stream(X, y)
     if isinstance(X, RowStream):
@@ -39,20 +73,18 @@ def _check_arguments(model, X, y, num_steps, batch_size, lr, lr_decay, checkpoin
         if y is None:
             raise ValueError("y is required when X is a tensor (y may be omitted only for a "
                              "stream or dataset, which holds the targets)")
+        if getattr(getattr(model, "likelihood", None), "binary", False):
+            y = labels_like(y, X)
         check_targets(y, N)
     check_positive_int(num_steps, "num_steps")
     if batch_size is not None:
         batch_size = check_positive_int(batch_size, "batch_size")
-    if not lr > 0:
-        raise ValueError(f"lr must be positive, got {lr}")
-    if not 0 < lr_decay <= 1:
-        raise ValueError(f"lr_decay must be in (0, 1], got {lr_decay}")
     check_positive_int(checkpoint_every, "checkpoint_every")
     B = N if batch_size is None else min(batch_size, N)
     if hasattr(model, "num_data"):
         model.num_data = N
     if isinstance(X, RowStream):  # its rows are converted to the model's dtype and device
-        return X, N, B
+        return X, y, N, B
     if y.dtype != X.dtype or y.device != X.device:
         raise ValueError(f"y is {y.dtype} on {y.device} but X is {X.dtype} on {X.device}: give "
                          "both in the model's dtype and device")
@@ -65,7 +97,7 @@ def _check_arguments(model, X, y, num_steps, batch_size, lr, lr_decay, checkpoin
             f"X is {X.dtype} on {X.device} but {len(other)} model parameter(s) are not: "
             f"{listed}; build the model from the same data or call model.to(...)"
         )
-    return X, N, B
+    return X, y, N, B
 
 
 @user_errors_first
@@ -81,7 +113,8 @@ def fit(
 ) -> FitResult:
     """Train ``guide`` (and the model's hyperparameters) by SVI.
 
-    :param X: ``(N, D)`` inputs; :param y: ``(N,)`` targets, on the model's device and dtype;
+    :param X: ``(N, D)`` inputs; :param y: ``(N,)`` targets, on the model's device and dtype
+        (labels of a binary likelihood may be integer or boolean: read in ``X``'s dtype);
         or data read row by row, ``y`` omitted (:mod:`pyro_dgp.infer.batches`).
     :param batch_size: minibatch size B (``None``, or ``>= N``: full batch); the likelihood
         must be scaled by ``N / B``: a :class:`~pyro_dgp.DeepGP` does it through its
@@ -90,7 +123,8 @@ def fit(
     :param objective: a Pyro ELBO or a name (:func:`make_objective`); ``"alpha"``: the local
         alpha-divergence objective (:mod:`pyro_dgp.infer.alpha`), ``alpha`` in ``(0, 1]``,
         ``num_samples`` draws per point: a loss, not an ELBO (shown as ``loss/pt``).
-    :param seed: seeds Pyro/torch/numpy and the minibatch stream (``None``: leave as is).
+    :param seed: seeds Pyro/torch/numpy and the minibatch stream, in ``[0, 2**32 - 1]``
+        (``None``: leave as is). :param optimizer: an Optimizer class (or ``(params, lr=)``).
     :param checkpoint: file written every ``checkpoint_every`` steps, at the end, on
         divergence and on KeyboardInterrupt; ``resume=True`` continues from it exactly
         (parameters, optimizer moments, random streams, loss history).
@@ -113,7 +147,8 @@ def fit(
     :raises TrainingDivergedError: on a NaN/inf loss or a Cholesky failure (parameters gone
         non-finite), after restoring the last good parameters and writing the checkpoint.
     """
-    X, N, B = _check_arguments(model, X, y, num_steps, batch_size, lr, lr_decay, checkpoint_every)
+    _check_options(lr, lr_decay, num_particles, seed, optimizer, final_elbo_particles, threads)
+    X, y, N, B = _check_arguments(model, X, y, num_steps, batch_size, checkpoint_every)
     check_guide_of(model, guide, "fit")
     if cuda_graph:
         check_graph_options(X.device if isinstance(X, torch.Tensor) else

@@ -1,5 +1,12 @@
 """Scores of a predictive distribution against test targets: NLL, RMSE, CRPS, coverage, and
-accuracy and AUC for binary labels."""
+accuracy and AUC for binary labels.
+
+Against a binary (classification) predictive every score takes labels coded 0/1 or -1/1,
+floating-point, integer or boolean, and refuses any other value
+(:meth:`MixturePredictive.check_targets`); :func:`regression_report` refuses such a
+predictive outright: its RMSE, CRPS and coverage would score probabilities as if they were
+predicted values (use :func:`nll`, :func:`accuracy`, :func:`auc` and :func:`crps`, the Brier
+score)."""
 
 from __future__ import annotations
 
@@ -26,7 +33,7 @@ def _labels(pred: MixturePredictive, y: torch.Tensor) -> torch.Tensor:
 
 
 def nll(pred: MixturePredictive, y: torch.Tensor) -> float:
-    """Mean negative mixture log-density (test log-likelihood is ``-nll``)."""
+    """Mean negative mixture log-density at ``y (N,)`` (test log-likelihood is ``-nll``)."""
     return float(-pred.log_prob(y).mean())  # it checks y's shape
 
 
@@ -70,7 +77,16 @@ def auc(pred: MixturePredictive, y: torch.Tensor) -> float:
 
 
 def regression_report(pred: MixturePredictive, y: torch.Tensor) -> dict[str, float]:
-    """``{"nll", "rmse", "crps", "coverage95"}`` in the predictive's units."""
+    """``{"nll", "rmse", "crps", "coverage95"}`` in the predictive's units, for ``y (N,)``.
+
+    :raises ValueError: ``pred`` is a classifier's (a binary likelihood): score it with
+        :func:`nll`, :func:`accuracy`, :func:`auc` and :func:`crps` (the Brier score).
+    """
+    if pred.likelihood.binary:
+        raise ValueError(
+            f"regression_report scores a regression predictive, but this one is binary "
+            f"({type(pred.likelihood).__name__}): score a classifier with metrics.nll, "
+            "metrics.accuracy, metrics.auc and metrics.crps (the Brier score)")
     return {
         "nll": nll(pred, y),
         "rmse": rmse(pred, y),

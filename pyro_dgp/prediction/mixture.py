@@ -225,12 +225,19 @@ class MixturePredictive:
 
     def check_targets(self, y) -> torch.Tensor:
         """``y`` as a tensor of the predictive's ``(N,)`` shape (a ``(N, 1)`` ``y`` would
-        broadcast against the ``(S, N)`` components into wrong numbers)."""
+        broadcast against the ``(S, N)`` components into wrong numbers), in its dtype.
+
+        For a binary likelihood ``y`` holds labels coded 0/1 or -1/1 (floating-point, integer
+        or boolean), as :func:`~pyro_dgp.metrics.accuracy` reads them: any other value would
+        be scored as one of the classes (the probit's ``log p(y)`` reads ``y > 0.5`` as
+        class 1), so it is refused with a ``ValueError`` naming the values."""
         y = torch.as_tensor(y, dtype=self.loc.dtype, device=self.loc.device)
         if y.shape != self.loc.shape[-1:]:
             hint = "; use y.squeeze(-1)" if y.shape == self.loc.shape[-1:] + (1,) else ""
             raise ValueError(f"y must have the predictive's shape {tuple(self.loc.shape[-1:])}, "
                              f"got {tuple(y.shape)}{hint}")
+        if self.likelihood.binary:
+            binary_labels((y - self.y_mean) / self.y_std)
         return y
 
     def log_prob(self, y: torch.Tensor) -> torch.Tensor:
