@@ -99,3 +99,16 @@ def test_a_saved_fit_is_not_taken_for_a_checkpoint(data, tmp_path):
     with pytest.raises(ValueError, match="is a fit saved by save_fit .* not a training "
                                          "checkpoint"):
         _run(data, tmp_path / "fit.pt", resume=True)
+
+
+def test_a_checkpoint_of_another_model_or_guide_is_named(data, ckpt):
+    X, y = data.X_train, data.y_train
+    model = dgp.DeepGP.regression(X, y, num_layers=1, num_inducing=3)
+    with pytest.raises(ValueError, match="holds another model than this run's DeepGP .*size "
+                                         "mismatch"):
+        dgp.fit(model, dgp.guides.MeanField(model), X, y, num_steps=6, batch_size=16, seed=1,
+                progress=False, checkpoint=ckpt, resume=True)
+    model = dgp.DeepGP.regression(X, y, num_layers=1, num_inducing=5)
+    with pytest.raises(ValueError, match="holds another guide than this run's Coupled"):
+        dgp.fit(model, dgp.guides.Coupled(model), X, y, num_steps=6, batch_size=16, seed=1,
+                progress=False, checkpoint=ckpt, resume=True)

@@ -115,8 +115,14 @@ class Trainer:
                               "training starts from step 0", UserWarning, stacklevel=5)
             return
         self.check_resumable(state)
-        self.model.load_state_dict(state["model"])
-        self.guide.load_state_dict(state["guide"])
+        for part, module in (("model", self.model), ("guide", self.guide)):
+            try:
+                module.load_state_dict(state[part])
+            except RuntimeError as err:
+                what = " ".join(str(err).split("\n", 1)[-1].split())
+                raise ValueError(
+                    f"the checkpoint {self.path} holds another {part} than this run's "
+                    f"{type(module).__name__} (built with other settings): {what}") from None
         self.opt.load_state_dict(state["optimizer"])
         for group in self.opt.param_groups:  # load_state_dict brought back the saved rate
             group["lr"] = self.lr  # (a decaying schedule sets each step's rate from lr)
