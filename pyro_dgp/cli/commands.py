@@ -16,7 +16,7 @@ from ..gp.avdgp import PAPER_HIDDEN_DIMS, PAPER_NUM_INDUCING
 from ..gp.deep_gp import DeepGP
 from ..guides.registry import has_local_inducing, make_guide
 from ..infer import distributed
-from ..infer.checkpoint import load_fit, model_from_config, safe_load, save_fit
+from ..infer.checkpoint import load_fit, model_from_config, read_fit, save_fit
 from ..infer.threads import num_threads, step_work, threads_for
 from ..infer.training import fit
 from ..prediction import predict
@@ -239,10 +239,16 @@ def _evaluate(model, guide, data, num_samples, classification, seed=0) -> dict:
 
 
 def cmd_evaluate(args) -> int:
-    cfg = safe_load(args.fit, map_location="cpu")["config"]
+    saved = read_fit(args.fit, map_location="cpu")
+    cfg = saved["config"]
     spec, seed, samples = evaluate_settings(args, cfg)
     classification = cfg["model"].get("task") == "classification"
     data = load_data(spec, classification)
+    inputs, have = saved.get("input_dim"), data.X_train.shape[-1]
+    if inputs is not None and inputs != have:
+        fitted_on = f" ({cfg['data']})" if cfg.get("data") else ""
+        raise ValueError(f"the fit has {inputs} inputs, {spec['data']} has {have}: evaluate it "
+                         f"on the data it was fitted to{fitted_on}")
     model, guide, cfg = load_fit(args.fit, data.X_train, data.y_train)
     # a prediction pass is S x (up to 1024) points
     with num_threads(_threads(args, model, samples * min(1024, len(data.y_test)))):

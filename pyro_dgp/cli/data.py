@@ -9,8 +9,8 @@ import torch
 
 from .. import datasets
 
-__all__ = ["DEFAULT_TEST_FRACTION", "DTYPES", "data_spec", "evaluate_settings", "is_csv",
-           "load_data"]
+__all__ = ["DEFAULT_TEST_FRACTION", "DTYPES", "check_device", "data_spec", "evaluate_settings",
+           "is_csv", "load_data"]
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
@@ -24,6 +24,31 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 #   seed           seed of model initialisation, training and prediction
 #   samples        predictive samples S behind the reported metrics
 DEFAULT_TEST_FRACTION = 0.1
+
+
+def check_device(text: str) -> str:
+    """``text`` if it names a torch device this machine has (``cpu``, ``cuda``, ``cuda:1``,
+    ``mps``, ``xpu``), else a ``ValueError`` saying why not."""
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"{text!r} is not a torch device (cpu, cuda, cuda:1, mps, ...)") from None
+    backends = {"cpu": None, "cuda": torch.cuda, "mps": torch.backends.mps,
+                "xpu": getattr(torch, "xpu", None)}
+    if device.type not in backends:
+        raise ValueError(f"{text!r}: a {device.type} device holds no data to fit on; use one of "
+                         f"{sorted(backends)}")
+    backend = backends[device.type]
+    if backend is not None and not backend.is_available():
+        why = (" (this torch is built without CUDA)"
+               if device.type == "cuda" and torch.version.cuda is None else "")
+        raise ValueError(f"{text!r}: no {device.type} device is available{why}")
+    if device.type == "cuda" and device.index is not None:
+        count = torch.cuda.device_count()
+        if device.index >= count:
+            raise ValueError(f"{text!r}: this machine has {count} CUDA device"
+                             f"{'s' if count != 1 else ''} (cuda:0 to cuda:{count - 1})")
+    return text
 
 
 def is_csv(data: str) -> bool:
@@ -88,9 +113,17 @@ def evaluate_settings(args, cfg: dict) -> tuple[dict, int, int]:
         value = getattr(args, name)
         return value if value is not None else saved.get(name, default)
 
+    device = args.device
+    if device is None:  # the fit's device, which this machine may lack
+        device = cfg.get("device", "cpu")
+        try:
+            check_device(device)
+        except ValueError as err:
+            raise ValueError(f"--device: the fit was saved with --device {device}, and {err}: "
+                             "pass --device cpu (or another device this machine has) to "
+                             "evaluate it here") from None
     spec = data_spec(data, pick("target"), pick("split"), pick("test_fraction"),
-                      pick("data_dir"),
-                      args.device if args.device is not None else cfg.get("device", "cpu"),
+                      pick("data_dir"), device,
                       args.dtype if args.dtype is not None else cfg.get("dtype", "float64"),
                       seed)
     return spec, seed, samples

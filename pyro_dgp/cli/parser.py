@@ -6,7 +6,7 @@ import argparse
 
 from ..guides.registry import GUIDES
 from .commands import DEFAULT_INDUCING, DEFAULT_LAYERS, cmd_demo, cmd_evaluate, cmd_fit
-from .data import DEFAULT_TEST_FRACTION, DTYPES
+from .data import DEFAULT_TEST_FRACTION, DTYPES, check_device
 
 __all__ = ["build_parser"]
 
@@ -34,6 +34,13 @@ def _positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
     return value
+
+
+def _device(text: str) -> str:
+    try:
+        return check_device(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,33 +71,38 @@ def _add_demo(sub) -> None:
 
 def _data_args(q, for_fit: bool) -> None:
     """The options that say which data a fit is of (saved with the fit; ``evaluate`` reads
-    them from it unless given)."""
-    saved = "" if for_fit else " (default: the fit's)"
+    them from it unless given). Each help ends with the one default that applies: ``fit``'s
+    own, or for ``evaluate`` the saved value."""
+
+    def default(fit_default: str | None = None) -> str:
+        if not for_fit:
+            return " (default: the fit's)"
+        return "" if fit_default is None else f" (default: {fit_default})"
+
     q.add_argument("--data", required=for_fit,
                    help="a UCI name (boston, energy, ...), a built-in set, or a CSV path"
-                        + saved)
+                        + default())
     q.add_argument("--target",
                    help="target column of a CSV file (required for CSV, an error for "
-                        "named sets, whose target is fixed)" + saved)
+                        "named sets, whose target is fixed)" + default())
     q.add_argument("--split", type=int, default=None,
                    help="which train/test split: for a UCI set the index of the standard "
-                        "split (default 0), for a built-in set its seed, for a CSV file "
-                        "the seed of its random split (default: --seed)" + saved)
+                        "split, for a built-in set its seed, for a CSV file the seed of its "
+                        "random split" + default("0; for a CSV file, --seed"))
     q.add_argument("--test-fraction", type=float, default=None,
-                   help="CSV files only: fraction of rows held out for testing (default "
-                        f"{DEFAULT_TEST_FRACTION})" + saved)
+                   help="CSV files only: fraction of rows held out for testing"
+                        + default(str(DEFAULT_TEST_FRACTION)))
     q.add_argument("--data-dir",
-                   help="folder with uci/ (default: $PYRO_DGP_DATA, cache)" + saved)
-    q.add_argument("--device", default="cpu" if for_fit else None,
-                   help="torch device (default cpu)" + saved)
+                   help="folder with uci/" + default("$PYRO_DGP_DATA, else the cache"))
+    q.add_argument("--device", type=_device, default="cpu" if for_fit else None,
+                   help="torch device (cpu, cuda, cuda:1, ...)" + default("cpu"))
     q.add_argument("--dtype", choices=sorted(DTYPES),
                    default="float64" if for_fit else None,
-                   help="floating-point type (default float64)" + saved)
+                   help="floating-point type" + default("float64"))
     q.add_argument("--samples", type=_positive_int, default=100 if for_fit else None,
-                   help="predictive samples S (default 100)" + saved)
+                   help="predictive samples S" + default("100"))
     q.add_argument("--seed", type=int, default=0 if for_fit else None,
-                   help="seed of initialisation, training and prediction (default 0)"
-                        + saved)
+                   help="seed of initialisation, training and prediction" + default("0"))
 
 
 def _add_fit(sub) -> None:

@@ -29,14 +29,31 @@ from .compare import GuideComparisonWarning, annotate_comparison
 from .tables import whole
 
 __all__ = [
+    "MIN_PSIS_DRAWS",
     "GuideComparisonWarning",
     "VariationalPSIS",
+    "check_psis_draws",
     "compare_guides",
     "guide_log_density",
     "loo",
     "pareto_smooth",
     "variational_pareto_k",
 ]
+
+
+#: the fewest draws PSIS can smooth: it fits a generalised Pareto distribution to the largest
+#: M of S importance weights, M = floor(S / 5) for S r_eff <= 225 (3 sqrt(S / r_eff) beyond),
+#: and ArviZ's fit needs M >= 5, so S >= 25
+MIN_PSIS_DRAWS = 25
+
+
+def check_psis_draws(num_draws: int, where: str, hint: str = "") -> None:
+    """A ``ValueError`` naming ``num_samples`` where ``num_draws < MIN_PSIS_DRAWS``."""
+    if num_draws < MIN_PSIS_DRAWS:
+        raise ValueError(
+            f"{where} needs at least {MIN_PSIS_DRAWS} draws for Pareto-smoothed importance "
+            f"sampling (it fits the largest S/5 of S weights, and the fit needs 5), got "
+            f"{num_draws}: use num_samples >= {MIN_PSIS_DRAWS}{hint}")
 
 
 def loo(dt: xr.DataTree, var_name: str | None = None, pointwise: bool = True):
@@ -46,6 +63,9 @@ def loo(dt: xr.DataTree, var_name: str | None = None, pointwise: bool = True):
     collapsed guide: ``u`` is integrated out), every draw gives the same ``log p(y_i)`` and
     Pareto smoothing cannot fit a tail; the exact answer there is uniform weights (k = 0),
     which is what this passes to ``arviz_stats.loo`` for those points.
+
+    :raises ValueError: when points that need smoothing have fewer than
+        :data:`MIN_PSIS_DRAWS` draws (``to_datatree(..., num_samples=...)``).
     """
     import arviz_stats
 
@@ -61,12 +81,14 @@ def loo(dt: xr.DataTree, var_name: str | None = None, pointwise: bool = True):
     sample = ("chain", "draw")
     spread = ll.max(sample) - ll.min(sample)
     flat = spread <= 1e-10 * (1 + abs(ll).max(sample))
+    n = ll.sizes["chain"] * ll.sizes["draw"]
+    if not bool(flat.all()):  # some points' weights are smoothed
+        check_psis_draws(n, "loo of a DataTree", " in to_datatree")
     if not bool(flat.any()):
         return arviz_stats.loo(dt, pointwise=pointwise, var_name=var_name)
     obs_dims = [d for d in ll.dims if d not in sample]
     stacked = ll.stack(_point=obs_dims)
     keep = ~flat.stack(_point=obs_dims).values
-    n = ll.sizes["chain"] * ll.sizes["draw"]
     lw = xr.full_like(stacked, -math.log(n))
     k = xr.zeros_like(stacked.isel(chain=0, draw=0, drop=True))
     if keep.any():
@@ -125,7 +147,12 @@ def compare_guides(datatrees: dict, method: str = "stacking", var_name: str | No
     with warnings.catch_warnings():
         # reported per guide, by name, as a GuideComparisonWarning
         warnings.filterwarnings("ignore", "Estimated shape parameter of Pareto", UserWarning)
-        elpds = {name: loo(dt, var_name=var_name) for name, dt in datatrees.items()}
+        elpds = {}
+        for name, dt in datatrees.items():
+            try:
+                elpds[name] = loo(dt, var_name=var_name)
+            except ValueError as err:  # which guide's DataTree
+                raise ValueError(f"compare_guides, {name!r}: {err}") from None
     table = arviz_stats.compare(elpds, method=method)
     return whole(annotate_comparison(table, elpds, datatrees, heldout=heldout, elbos=elbos,
                                      level=level, var_name=var_name))
@@ -276,6 +303,7 @@ def variational_pareto_k(model, guide, X: torch.Tensor, y: torch.Tensor, *,
     log_w = (log_p - log_q).detach().cpu().numpy().astype(np.float64)
     if not np.all(np.isfinite(log_w)):
         raise ValueError("non-finite importance weights: check the model and guide")
+    check_psis_draws(S, "variational_pareto_k")
     smoothed, k = pareto_smooth(log_w)
     return VariationalPSIS(log_w, smoothed, k)
 

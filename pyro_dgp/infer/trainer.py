@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from ..linalg import CholeskyError
 from .alpha import LocalAlpha
 from .batches import Batches
-from .checkpoint import atomic_save, rng_state, safe_load, set_rng_state
+from .checkpoint import atomic_save, read_checkpoint, rng_state, set_rng_state
 from .cuda_graph import GraphedSteps, side_stream
 from .distributed import DataParallel, PeerFailedError
 from .natgrad import NaturalGradient, NaturalStepError
@@ -57,6 +57,16 @@ class FitResult:
                 f"seconds={self.seconds:.1f}, resumed_from={self.resumed_from})")
 
 
+#: what a changed setting does to a resumed run (Trainer.check_resumable)
+_CHANGED = {
+    "lr": "the run continues from its state at the new rate, not exactly",
+    "batch_size": "the run continues from its state with minibatches of the new size, not "
+                  "exactly",
+    "seed": "the random streams carry on from the checkpoint (those of its seed), so the run "
+            "is not the one the new seed gives",
+}
+
+
 class Trainer:
     """The state of one call of :func:`~pyro_dgp.fit`: optimiser, random streams, checkpoint
     file, and its steps."""
@@ -89,32 +99,64 @@ class Trainer:
         return {"elbo": f"{-loss_per_point:.4f}/pt"}
 
     def resume(self) -> None:
-        """Continue from the checkpoint, if it exists (parameters, moments, streams, losses)."""
+        """Continue from the checkpoint, if it exists (parameters, moments, streams, losses);
+        warn when it does not (the run starts from step 0)."""
         if self.path is None:
             raise ValueError("resume=True needs a checkpoint path")
         state = None
         if self.writer and self.path.exists():
-            state = safe_load(self.path, map_location=self.device)
+            state = read_checkpoint(self.path, map_location=self.device)
         if self.parallel is not None:  # process 0's checkpoint, on every process
             state = self.parallel.broadcast_state(state, map_location=self.device)
         if state is None:
+            if self.writer:
+                # stacklevel 5: resume, _fit, fit, its error-unwrapping wrapper, the user
+                warnings.warn(f"resume=True, but there is no checkpoint at {self.path}: "
+                              "training starts from step 0", UserWarning, stacklevel=5)
             return
-        self.model.load_state_dict(state["model"])
-        self.guide.load_state_dict(state["guide"])
+        self.check_resumable(state)
+        for part, module in (("model", self.model), ("guide", self.guide)):
+            try:
+                module.load_state_dict(state[part])
+            except RuntimeError as err:
+                what = " ".join(str(err).split("\n", 1)[-1].split())
+                raise ValueError(
+                    f"the checkpoint {self.path} holds another {part} than this run's "
+                    f"{type(module).__name__} (built with other settings): {what}") from None
         self.opt.load_state_dict(state["optimizer"])
         for group in self.opt.param_groups:  # load_state_dict brought back the saved rate
             group["lr"] = self.lr  # (a decaying schedule sets each step's rate from lr)
-        saved_lr = state.get("lr")
-        if saved_lr is not None and saved_lr != self.lr and self.writer:
-            warnings.warn(
-                f"resuming with lr={self.lr}; the checkpoint was written with lr={saved_lr}: "
-                "the run continues from its state at the new rate, not exactly",
-                UserWarning, stacklevel=3)
         set_rng_state(state["rng"], self.generator, self.device)
         self.result.losses = list(state["losses"])
         self.start = self.result.resumed_from = int(state["step"])
         self.seconds_before = float(state.get("seconds", 0.0))
         self.batches.skip(self.start)
+
+    def check_resumable(self, state: dict) -> None:
+        """Refuse a checkpoint of other data (another ``N``) or of more steps than
+        ``num_steps``; warn where ``lr``, ``batch_size`` or ``seed`` differ from the
+        checkpoint's (the run goes on, no longer the one it continues). Checkpoints that do not
+        record a setting are not checked for it."""
+        saved_n, n = state.get("num_data"), self.batches.num_data
+        if saved_n is not None and saved_n != n:
+            raise ValueError(
+                f"the checkpoint {self.path} was written training on N={saved_n} points, this "
+                f"run has N={n}: it resumes only on the data it was written on (start afresh "
+                "with another checkpoint path, or resume=False)")
+        step = int(state["step"])
+        if step > self.num_steps:
+            raise ValueError(
+                f"num_steps={self.num_steps} is below the {step} steps the checkpoint "
+                f"{self.path} has run: num_steps counts every step of the run, those before "
+                f"the checkpoint included; pass num_steps >= {step}")
+        if not self.writer:
+            return
+        for name, now in (("lr", self.lr), ("batch_size", self.batches.batch_size),
+                          ("seed", self.seed)):
+            if name in state and state[name] != now:
+                warnings.warn(  # at the user's call of fit, as in resume
+                    f"resuming with {name}={now}; the checkpoint was written with "
+                    f"{name}={state[name]}: {_CHANGED[name]}", UserWarning, stacklevel=6)
 
     def save(self, step: int, rng: dict | None = None) -> None:
         """Checkpoint at the start of ``step``; ``rng``: the random state there, if the
@@ -129,6 +171,10 @@ class Trainer:
             "rng": rng if rng is not None else rng_state(self.generator, self.device),
             "losses": self.result.losses,
             "lr": self.lr,
+            # the run's settings that resuming checks (check_resumable)
+            "num_data": self.batches.num_data,
+            "batch_size": self.batches.batch_size,
+            "seed": self.seed,
             "seconds": self.seconds_before + time.perf_counter() - self.t0,
         })
 

@@ -1,0 +1,114 @@
+"""Resuming from a checkpoint: refused on other data or past ``num_steps``, warned when a
+setting that makes the run inexact changed or when there is no checkpoint to resume; old
+checkpoints that do not record the settings still resume."""
+
+import warnings
+
+import pytest
+import torch
+
+import pyro_dgp as dgp
+from pyro_dgp.infer.checkpoint import save_fit
+
+
+@pytest.fixture(scope="module")
+def data():
+    return dgp.datasets.step(n_train=40, n_test=10, seed=0)
+
+
+def _run(data, ckpt, n=None, **kwargs):
+    X, y = data.X_train[:n], data.y_train[:n]
+    model = dgp.DeepGP.regression(X, y, num_layers=1, num_inducing=5)
+    guide = dgp.guides.MeanField(model)
+    kw = dict(num_steps=6, batch_size=16, seed=1, progress=False, final_elbo_particles=0,
+              checkpoint=ckpt)
+    return dgp.fit(model, guide, X, y, **{**kw, **kwargs})
+
+
+def _resume_warnings(data, ckpt, **kwargs):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = _run(data, ckpt, resume=True, **kwargs)
+    return result, [w for w in caught if issubclass(w.category, UserWarning)]
+
+
+@pytest.fixture
+def ckpt(data, tmp_path):
+    path = tmp_path / "run.pt"
+    _run(data, path, num_steps=4)
+    return path
+
+
+def test_the_same_settings_resume_without_a_warning(data, ckpt):
+    result, caught = _resume_warnings(data, ckpt)
+    assert result.resumed_from == 4 and len(result.losses) == 6
+    assert not caught
+
+
+@pytest.mark.parametrize("setting, value", [("batch_size", 8), ("seed", 2), ("lr", 0.02)])
+def test_a_changed_setting_is_warned_at_the_users_call(data, ckpt, setting, value):
+    result, caught = _resume_warnings(data, ckpt, **{setting: value})
+    assert result.resumed_from == 4
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert f"{setting}={value}" in message and "checkpoint was written with" in message
+    assert caught[0].filename == __file__
+
+
+def test_a_missing_checkpoint_is_warned_and_training_starts_at_step_0(data, tmp_path):
+    path = tmp_path / "none.pt"
+    result, caught = _resume_warnings(data, path)
+    assert result.resumed_from is None and len(result.losses) == 6
+    assert len(caught) == 1 and "no checkpoint at" in str(caught[0].message)
+    assert str(path) in str(caught[0].message) and "step 0" in str(caught[0].message)
+    assert caught[0].filename == __file__
+
+
+def test_num_steps_below_the_checkpoints_steps_is_refused(data, ckpt):
+    before = torch.load(ckpt, weights_only=True)
+    with pytest.raises(ValueError, match=r"num_steps=2 is below the 4 steps .*num_steps >= 4"):
+        _run(data, ckpt, num_steps=2, resume=True)
+    after = torch.load(ckpt, weights_only=True)  # the checkpoint is left as it was
+    assert after["step"] == 4 and after["losses"] == before["losses"]
+    result = _run(data, ckpt, num_steps=4, resume=True)  # its own length: nothing to run
+    assert result.num_steps == 4 and len(result.losses) == 4
+
+
+def test_other_data_is_refused_naming_both_sizes(data, ckpt):
+    with pytest.raises(ValueError, match=r"N=40 points, this run has N=30"):
+        _run(data, ckpt, n=30, resume=True)
+
+
+def test_a_checkpoint_without_the_settings_still_resumes(data, ckpt):
+    state = torch.load(ckpt, weights_only=True)
+    assert (state["num_data"], state["batch_size"], state["seed"]) == (40, 16, 1)
+    for key in ("num_data", "batch_size", "seed"):
+        del state[key]
+    torch.save(state, ckpt)
+    result, caught = _resume_warnings(data, ckpt, n=30, batch_size=8, seed=2)
+    assert result.resumed_from == 4 and not caught
+
+
+def test_a_saved_fit_is_not_taken_for_a_checkpoint(data, tmp_path):
+    X, y = data.X_train, data.y_train
+    model = dgp.DeepGP.regression(X, y, num_layers=1, num_inducing=5)
+    guide = dgp.guides.MeanField(model)
+    dgp.fit(model, guide, X, y, num_steps=1, progress=False, final_elbo_particles=0)
+    save_fit(tmp_path / "fit.pt", model, guide,
+             {"model": {"num_layers": 1, "num_inducing": 5}, "guide": "meanfield"})
+    with pytest.raises(ValueError, match="is a fit saved by save_fit .* not a training "
+                                         "checkpoint"):
+        _run(data, tmp_path / "fit.pt", resume=True)
+
+
+def test_a_checkpoint_of_another_model_or_guide_is_named(data, ckpt):
+    X, y = data.X_train, data.y_train
+    model = dgp.DeepGP.regression(X, y, num_layers=1, num_inducing=3)
+    with pytest.raises(ValueError, match="holds another model than this run's DeepGP .*size "
+                                         "mismatch"):
+        dgp.fit(model, dgp.guides.MeanField(model), X, y, num_steps=6, batch_size=16, seed=1,
+                progress=False, checkpoint=ckpt, resume=True)
+    model = dgp.DeepGP.regression(X, y, num_layers=1, num_inducing=5)
+    with pytest.raises(ValueError, match="holds another guide than this run's Coupled"):
+        dgp.fit(model, dgp.guides.Coupled(model), X, y, num_steps=6, batch_size=16, seed=1,
+                progress=False, checkpoint=ckpt, resume=True)
