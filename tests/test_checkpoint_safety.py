@@ -42,19 +42,25 @@ def test_safe_load_refuses_a_pickle_that_runs_code_and_runs_nothing(tmp_path):
     assert not marker.exists()
 
 
+def _refused_by_every_loader(path, message, capsys):
+    """load_fit, fit's resume and the CLI's evaluate (exit code 2) refuse ``path``."""
+    X, y = _data()
+    with pytest.raises(ValueError, match=message):
+        load_fit(path, X, y)
+    model = dgp.DeepGP.regression(X, y, num_layers=1, num_inducing=4)
+    with pytest.raises(ValueError, match=message):
+        dgp.fit(model, dgp.guides.MeanField(model), X, y, num_steps=2, progress=False,
+                checkpoint=path, resume=True)
+    from pyro_dgp.cli import main
+    assert main(["evaluate", str(path)]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_every_loader_refuses_it(tmp_path, capsys):
     X, y = _data()
     path, marker = tmp_path / "their.pt", tmp_path / "ran"
     _hostile(path, marker)
-    with pytest.raises(ValueError, match="refusing to load"):
-        load_fit(path, X, y)
-    model = dgp.DeepGP.regression(X, y, num_layers=1, num_inducing=4)
-    with pytest.raises(ValueError, match="refusing to load"):
-        dgp.fit(model, dgp.guides.MeanField(model), X, y, num_steps=2, progress=False,
-                checkpoint=path, resume=True)
-    from pyro_dgp.cli import main
-    assert main(["evaluate", str(path)]) != 0
-    assert "refusing to load" in capsys.readouterr().err
+    _refused_by_every_loader(path, "refusing to load", capsys)
     assert not marker.exists()
 
 
@@ -125,16 +131,7 @@ def test_a_corrupt_file_is_called_unreadable_not_unsafe(tmp_path, kind, capsys):
                                          r"checkpoint\)") as info:
         safe_load(path)
     assert "refusing" not in str(info.value) and "run code" not in str(info.value)
-    X, y = _data()
-    with pytest.raises(ValueError, match="corrupt or not a checkpoint"):
-        load_fit(path, X, y)
-    model = dgp.DeepGP.regression(X, y, num_layers=1, num_inducing=4)
-    with pytest.raises(ValueError, match="corrupt or not a checkpoint"):
-        dgp.fit(model, dgp.guides.MeanField(model), X, y, num_steps=2, progress=False,
-                checkpoint=path, resume=True)
-    from pyro_dgp.cli import main
-    assert main(["evaluate", str(path)]) == 2
-    assert "corrupt or not a checkpoint" in capsys.readouterr().err
+    _refused_by_every_loader(path, "corrupt or not a checkpoint", capsys)
 
 
 def test_a_disallowed_global_is_the_only_security_refusal(tmp_path):

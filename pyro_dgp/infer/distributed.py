@@ -221,7 +221,7 @@ class DataParallel:
         """``seed``, or where it is ``None`` process 0's draw from its global stream: the
         same on every process."""
         if seed is None:
-            seed = int(torch.randint(2**62, ()).item())
+            seed = int(torch.randint(2**32, ()).item())  # numpy (pyro.set_rng_seed) takes < 2**32
         value = torch.tensor([seed], dtype=torch.int64, device=self.device)
         with self._collective("agreeing on the seed"):
             torch_dist.broadcast(value, 0)
