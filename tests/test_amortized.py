@@ -741,6 +741,11 @@ def test_avdgp_architecture_is_the_papers_and_follows_the_data():
         dgp.gp.avdgp_regression(X, y, hidden_dims=4)
     numpy_M = dgp.gp.avdgp_regression(X, y, num_inducing=np.int64(5))
     assert [la.num_inducing for la in numpy_M.layers] == [5, 5, 5]
+    with pytest.raises(TypeError, match="ard must be True or False"):
+        dgp.gp.avdgp_regression(X, y, ard="no")
+    # M inducing inputs per point: more than the N points is allowed
+    few = dgp.gp.avdgp_regression(X[:5], y[:5])
+    assert [la.num_inducing for la in few.layers] == [8, 4, 4]
 
 
 def test_default_encoder_starts_off_the_saddle_of_equal_points():

@@ -82,8 +82,11 @@ def avdgp_regression(
     hidden = [check_positive_int(h, "avdgp_regression: hidden_dims") for h in hidden_dims]
     dims = [X.shape[-1], *hidden, 1]
     Ms = _per_layer(num_inducing, len(dims) - 1)
+    # M is per point here (inducing inputs A(x_n), no k-means over the data): any M <= N
+    # bound of the global-inducing builders does not apply, so num_inducing is not passed
     checked = check_regression_arguments(X, y, len(dims) - 1, hidden[0] if hidden else None,
-                                         max(Ms), kernel, likelihood, noise_variance, seed)
+                                         None, kernel, likelihood, noise_variance, seed,
+                                         flags={"ard": ard})
     gen = torch.Generator().manual_seed(checked["seed"])
     with default_dtype(X.dtype):
         lik = make_likelihood(likelihood, checked["noise_variance"])
@@ -92,7 +95,7 @@ def avdgp_regression(
                 d_in, d_out,
                 inducing_offsets=torch.randn(M, d_in, generator=gen, dtype=X.dtype),
                 kernel=KERNELS[kernel](d_in, variance=kernel_variance, lengthscale=lengthscale,
-                                       ard=ard),
+                                       ard=checked["ard"]),
                 mean="zero", jitter=jitter, name=f"layer{i + 1}", kl_weight=kl_weight)
             for i, (d_in, d_out, M) in enumerate(zip(dims[:-1], dims[1:], Ms, strict=True))
         ]
