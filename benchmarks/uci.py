@@ -357,7 +357,7 @@ def _run_one(args, short: str, split: int, layers: int, ckpt_dir: Path) -> tuple
                      batch_size=B, lr=args.lr, objective=args.objective, alpha=args.alpha,
                      num_samples=args.alpha_samples,
                      num_particles=args.particles, seed=seed, progress=not args.quiet,
-                     checkpoint=ckpt, checkpoint_every=args.checkpoint_every, resume=True,
+                     checkpoint=ckpt, checkpoint_every=args.checkpoint_every, resume=ckpt.exists(),
                      lr_decay=init["lr_decay"])
         losses, fit_seconds, resumed_from = result.losses, result.seconds, result.resumed_from
         final_elbo = result.final_elbo
