@@ -131,9 +131,10 @@ def pca_mean(X: torch.Tensor, d_out: int) -> torch.Tensor:
 SMALL_INPUT_STD = 0.1
 
 
-def _column_messages(X: torch.Tensor) -> tuple[list[str], list[int]]:
-    """Messages on ``X (N, D)``'s columns off the standardised scale, and the indices of its
-    constant columns (``N >= 2``)."""
+def _column_messages(X: torch.Tensor) -> list[str]:
+    """Messages on ``X (N, D)``'s columns off the standardised scale (``N >= 2``). A constant
+    column is harmless (a stationary kernel and a linear mean ignore it; a standardised
+    split can hold one, as naval's do): it is not named."""
     mean, std = X.mean(0), X.std(0)
     m, s = float(mean.abs().max()), float(std.max())
     msgs = []
@@ -146,7 +147,7 @@ def _column_messages(X: torch.Tensor) -> tuple[list[str], list[int]]:
         msgs.append(f"X's column(s) {listed} have a standard deviation below "
                     f"{SMALL_INPUT_STD} (down to {float(std[small].min()):.3g}), on which the "
                     "starting lengthscales see a nearly constant function")
-    return msgs, (std == 0).nonzero().flatten().tolist()
+    return msgs
 
 
 def _warn_unstandardised(X: torch.Tensor, y: torch.Tensor | None) -> None:
@@ -157,18 +158,15 @@ def _warn_unstandardised(X: torch.Tensor, y: torch.Tensor | None) -> None:
     the thousands the noise must grow by orders of magnitude before the predictive variance
     means anything (a review found badly miscalibrated intervals after thousands of steps,
     silently), inputs far from the origin cost float32 digits in every kernel matrix, and
-    along inputs of a small spread (:data:`SMALL_INPUT_STD`) the starting GP is constant.
-    Constant columns are named apart: they carry no information, and standardising them
-    divides by zero."""
+    along inputs of a small spread (:data:`SMALL_INPUT_STD`) the starting GP is constant."""
     with torch.no_grad():
-        msgs, constant = [], []
+        msgs = []
         if y is not None and y.numel() > 1:
             m, s = float(y.mean()), float(y.std())
             if not (0.1 <= s <= 10 and abs(m) <= 3 * s):
                 msgs.append(f"y has mean {m:.3g} and standard deviation {s:.3g}")
         if X.shape[0] > 1:
-            x_msgs, constant = _column_messages(X)
-            msgs += x_msgs
+            msgs += _column_messages(X)
     if msgs:
         warnings.warn(
             "DeepGP.regression's initial noise variance, kernel variances and lengthscales "
@@ -177,11 +175,6 @@ def _warn_unstandardised(X: torch.Tensor, y: torch.Tensor | None) -> None:
             "to report in original units), or pass noise_variance, kernel_variance and "
             "lengthscale on the data's scale",
             UserWarning, stacklevel=4)
-    if constant:
-        listed = constant[:10] + (["..."] if len(constant) > 10 else [])
-        warnings.warn(
-            f"X's column(s) {listed} are constant: they carry no information about y "
-            "(drop them; standardising them would divide by zero)", UserWarning, stacklevel=4)
 
 
 #: ``num_inducing`` of the builders when not given: ``min(DEFAULT_NUM_INDUCING, N)`` (every

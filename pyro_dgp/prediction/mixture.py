@@ -236,8 +236,9 @@ class MixturePredictive:
             hint = "; use y.squeeze(-1)" if y.shape == self.loc.shape[-1:] + (1,) else ""
             raise ValueError(f"y must have the predictive's shape {tuple(self.loc.shape[-1:])}, "
                              f"got {tuple(y.shape)}{hint}")
-        if self.likelihood.binary:
-            binary_labels((y - self.y_mean) / self.y_std)
+        if self.likelihood.binary:  # as 0/1: rmse and coverage compare y with p(y = 1)
+            ones = binary_labels((y - self.y_mean) / self.y_std).to(y.dtype)
+            y = ones * self.y_std + self.y_mean
         return y
 
     def log_prob(self, y: torch.Tensor) -> torch.Tensor:
