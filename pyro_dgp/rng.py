@@ -6,7 +6,10 @@ import contextlib
 
 import torch
 
-__all__ = ["seeded"]
+__all__ = ["MAX_SEED", "seeded"]
+
+#: the largest seed NumPy's global stream takes (``pyro.set_rng_seed`` seeds it too)
+MAX_SEED = 2**32 - 1
 
 
 @contextlib.contextmanager

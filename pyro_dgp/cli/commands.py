@@ -249,7 +249,7 @@ def cmd_evaluate(args) -> int:
         fitted_on = f" ({cfg['data']})" if cfg.get("data") else ""
         raise ValueError(f"the fit has {inputs} inputs, {spec['data']} has {have}: evaluate it "
                          f"on the data it was fitted to{fitted_on}")
-    model, guide, cfg = load_fit(args.fit, data.X_train, data.y_train)
+    model, guide, cfg = load_fit(args.fit, data.X_train, data.y_train, state=saved)
     # a prediction pass is S x (up to 1024) points
     with num_threads(_threads(args, model, samples * min(1024, len(data.y_test)))):
         scores = _evaluate(model, guide, data, samples, classification, seed)

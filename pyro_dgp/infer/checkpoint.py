@@ -263,14 +263,17 @@ def model_from_config(config: dict, X_train: torch.Tensor, y_train: torch.Tensor
     return build(X_train, y_train, **kwargs)
 
 
-def load_fit(path: str | os.PathLike, X_train: torch.Tensor, y_train: torch.Tensor):
+def load_fit(path: str | os.PathLike, X_train: torch.Tensor, y_train: torch.Tensor, *,
+             state: dict | None = None):
     """Rebuild ``(model, guide, config)`` saved by :func:`save_fit` on the same training data
-    (``X_train (N, D)``, ``y_train (N,)``).
+    (``X_train (N, D)``, ``y_train (N,)``); ``state``: the file as :func:`read_fit` already
+    read it (on the CPU), not read again.
 
     :raises ValueError: naming the file, when it is no saved fit (a training checkpoint, say),
         or when ``X_train`` has another number of inputs ``D`` than the fit.
     """
-    state = read_fit(path, map_location=X_train.device)
+    if state is None:
+        state = read_fit(path, map_location=X_train.device)
     config = state["config"]
     saved_dim = state.get("input_dim")
     if saved_dim is not None and X_train.shape[-1] != saved_dim:

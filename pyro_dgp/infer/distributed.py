@@ -54,6 +54,8 @@ import torch
 import torch.distributed as torch_dist
 from pyro.infer import RenyiELBO
 
+from ..rng import MAX_SEED
+
 __all__ = ["DataParallel", "PeerFailedError", "backend_for", "check_objective", "for_fit", "init",
            "shutdown", "step_seed"]
 
@@ -221,7 +223,7 @@ class DataParallel:
         """``seed``, or where it is ``None`` process 0's draw from its global stream: the
         same on every process."""
         if seed is None:
-            seed = int(torch.randint(2**32, ()).item())  # numpy (pyro.set_rng_seed) takes < 2**32
+            seed = int(torch.randint(MAX_SEED + 1, ()).item())
         value = torch.tensor([seed], dtype=torch.int64, device=self.device)
         with self._collective("agreeing on the seed"):
             torch_dist.broadcast(value, 0)

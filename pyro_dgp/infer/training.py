@@ -10,6 +10,7 @@ import torch
 
 from ..datasets.stream import RowStream, as_stream
 from ..errors import user_errors_first
+from ..rng import MAX_SEED
 from ..validation import (
     check_inputs,
     check_positive_finite,
@@ -30,10 +31,6 @@ from .threads import num_threads, step_work, threads_for
 from .trainer import FitResult, Trainer, TrainingDivergedError
 
 __all__ = ["FitResult", "TrainingDivergedError", "fit", "make_objective", "make_optimizer"]
-
-
-#: the largest seed NumPy's global stream takes (``pyro.set_rng_seed`` seeds it too)
-MAX_SEED = 2**32 - 1
 
 
 def _check_options(lr, lr_decay, num_particles, seed, optimizer, final_elbo_particles,
