@@ -1,11 +1,17 @@
 import os
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pyro
 import pytest
 import torch
+
+# Imported first, from the directory pytest was started in: a relative $PYRO_DGP_DATA is read
+# from there, whatever directory a test later changes to (pyro_dgp.datasets.env_data_dir).
+import pyro_dgp.datasets  # noqa: F401
 
 # The benchmark scripts (not part of the package) are imported by their tests from there.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -34,15 +40,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _no_download(monkeypatch):
+    """The tests never download: a test that would is stopped by a dead ``urlopen`` (tests of
+    the download itself serve the files from a patched one)."""
+    def no_network(url, *args, **kwargs):
+        raise urllib.error.URLError(f"the tests never download ({url}); set PYRO_DGP_DATA")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+
+
 @pytest.fixture
 def boston_data():
-    """Skips the test unless UCI boston can be read (``PYRO_DGP_DATA``, as CI sets it)."""
-    from pyro_dgp import datasets
-    try:
-        datasets.load("boston", split=0, download=False)
-    except FileNotFoundError:
-        pytest.skip("UCI data missing: set PYRO_DGP_DATA to the folder holding "
-                    "uci/bostonHousing (e.g. ../shared/data)")
+    """Skips the test unless UCI boston is found without a download (``PYRO_DGP_DATA``, as
+    ``.ci/run`` sets it, or the user cache)."""
+    from uci_data import uci_root_or_skip
+    uci_root_or_skip("boston")
 
 
 @pytest.fixture

@@ -1,15 +1,13 @@
 """``benchmarks/amortized.py`` end to end on tiny settings: runs, resume, records, the report."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest
+from uci_data import data_root, needs_uci
 
-_SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-DATA = Path(os.environ.get("PYRO_DGP_DATA", _SHARED))
-needs_kin8nm = pytest.mark.skipif(not (DATA / "uci" / "kin8nm").exists(),
-                                  reason="UCI kin8nm not found (set PYRO_DGP_DATA)")
+DATA = data_root("kin8nm") or Path("UCI data not found")
+needs_kin8nm = needs_uci("kin8nm")
 
 TINY = ["--epochs", "1", "--batch-size", "4000", "--paths", "4", "--test-samples", "3",
         "--dsdgp-particles", "2", "--dsdgp-inducing", "6", "4", "4", "--widths", "3", "2",

@@ -1,25 +1,18 @@
 """The command line end to end on tiny settings."""
 
 import json
-import os
 from pathlib import Path
 
 import pyro
 import pytest
 import torch
+from uci_data import data_root, needs_uci
 
 from pyro_dgp.cli import main
 
-_SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-DATA = Path(os.environ.get("PYRO_DGP_DATA", _SHARED))
-needs_uci = pytest.mark.skipif(
-    not (DATA / "uci" / "bostonHousing").exists() and not (DATA / "bostonHousing").exists(),
-    reason="UCI data not found (set PYRO_DGP_DATA)",
-)
-needs_yacht = pytest.mark.skipif(
-    not (DATA / "uci" / "yacht").exists() and not (DATA / "yacht").exists(),
-    reason="UCI yacht data not found (set PYRO_DGP_DATA)",
-)
+DATA = data_root("boston", "yacht") or Path("UCI data not found")
+needs_boston = needs_uci("boston")
+needs_yacht = needs_uci("yacht")
 _METRICS = ("nll", "rmse", "crps", "coverage95")
 
 
@@ -35,7 +28,7 @@ def test_demo_runs_and_writes_results(tmp_path, capsys):
     assert (tmp_path / "2layer_meanfield_datatree.nc").exists()
 
 
-@needs_uci
+@needs_boston
 def test_fit_then_evaluate_reproduces_the_numbers(tmp_path, capsys):
     args = ["fit", "--data", "boston", "--data-dir", str(DATA), "--layers", "2",
             "--inducing", "10", "--steps", "20", "--batch-size", "64", "--samples", "5",
@@ -54,7 +47,7 @@ def test_fit_then_evaluate_reproduces_the_numbers(tmp_path, capsys):
     assert (tmp_path / "plots" / "datatree.nc").exists()
 
 
-@needs_uci
+@needs_boston
 def test_bench_uci_from_the_command_line(tmp_path, capsys):
     out = tmp_path / "r.jsonl"
     import uci

@@ -157,9 +157,12 @@ def test_disagreeing_rankings_and_unreliable_loo_are_said_in_words():
 
 
 def test_agreeing_rankings_say_nothing():
+    """No GuideComparisonWarning, and no deprecation notice from the libraries underneath
+    (arviz-stats' pandas calls)."""
     dts = {"Coupled": _tree(1.0, -1.4, 0.05, 2), "MeanField": _tree(0.6, -1.6, 0.05, 1)}
     with warnings.catch_warnings():
         warnings.simplefilter("error", dgp.GuideComparisonWarning)
+        warnings.simplefilter("error", DeprecationWarning)
         table = compare_guides(dts, elbos={"Coupled": -1.0, "MeanField": -2.0})
     assert list(table.index) == ["Coupled", "MeanField"]
     assert table.attrs["warnings"] == [] and (table["notes"] == "").all()

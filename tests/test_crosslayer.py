@@ -83,6 +83,7 @@ def _chain_from_joint(chain, mean, S):
         chain.set_block(sites[1], mean[n1:], torch.linalg.cholesky(0.5 * (cond + cond.mT)), B)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("whiten", [True, False])
 def test_chain_represents_the_same_joint_as_coupled(whiten):
     model, X, y = _model(whiten=whiten)
@@ -182,6 +183,7 @@ def _brute_force_elbo(model, mean, S, X, y, n=20000, seed=7, scale_tril=None):
     return float(ell.mean() - kl), float(ell.std() / math.sqrt(n))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("per_point", [True, False])
 @pytest.mark.parametrize("Guide", [Coupled, Chain])
 def test_three_layer_cross_layer_estimators_are_unbiased(Guide, per_point):
@@ -205,6 +207,7 @@ def test_three_layer_cross_layer_estimators_are_unbiased(Guide, per_point):
     assert abs(float(est.mean()) - reference) < 3 * se, (float(est.mean()), reference, se)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("per_point", [True, False])
 @pytest.mark.parametrize("name", ["coupled", "coupled-lowrank", "chain"])
 def test_cross_layer_estimators_are_unbiased(name, per_point):
@@ -336,6 +339,7 @@ def test_block_preconditioner_keeps_within_block_entries_and_scales_cross_blocks
     assert float(grad[1, 0]) == pytest.approx(1.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("Guide", [Coupled, Chain])
 def test_three_layer_per_point_and_shared_estimators_agree(Guide):
     """Three layers: two drawn per point (each point's u^2 drawn given its own u^1), the

@@ -7,6 +7,8 @@ import hashlib
 import io
 import os
 import shutil
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -14,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from uci_data import data_root, uci_root_or_skip
 
 from pyro_dgp import datasets
 
@@ -22,25 +25,8 @@ from pyro_dgp import datasets
 # ----------------------------------------------------------------------------------------
 
 
-def _shared_data_root() -> Path | None:
-    """The folder holding uci/: $PYRO_DGP_DATA, else ../shared/data next to the repo."""
-    candidates = []
-    env = os.environ.get(datasets.ENV_VAR)
-    if env:
-        candidates.append(Path(env))
-    candidates.append(Path(__file__).resolve().parents[2] / "shared" / "data")
-    for c in candidates:
-        for root in (c, c.parent):  # accept either .../data or .../data/uci
-            if (root / "uci" / "yacht" / "data.txt").is_file():
-                return root
-    return None
-
-
-DATA_ROOT = _shared_data_root()
-SKIP_REASON = (
-    f"UCI files not found: set {datasets.ENV_VAR} to the folder holding uci/ "
-    "(or put them in ../shared/data next to the repository)"
-)
+_SHARED_SETS = ("yacht", "boston", "concrete", "energy", "protein")
+DATA_ROOT = data_root(*_SHARED_SETS)  # before the fixtures below hide $PYRO_DGP_DATA
 
 
 @pytest.fixture(autouse=True)
@@ -58,9 +44,7 @@ def _isolated(monkeypatch, tmp_path):
 @pytest.fixture
 def uci_root() -> Path:
     """The shared folder that contains uci/ (skips when absent)."""
-    if DATA_ROOT is None:
-        pytest.skip(SKIP_REASON)
-    return DATA_ROOT
+    return DATA_ROOT or uci_root_or_skip(*_SHARED_SETS)
 
 
 def _raw(root: Path, folder: str) -> tuple[np.ndarray, list[int], int]:
@@ -279,6 +263,30 @@ def test_cache_folder_used_last(uci_root, tmp_path, monkeypatch):
     assert s.num_train == len(_idx(uci_root, "yacht", "train", 0))
     dirs = datasets.search_dirs(tmp_path / "arg")
     assert dirs[0] == tmp_path / "arg" and dirs[-1] == cache / "pyro_dgp"
+
+
+def test_relative_env_var_is_read_from_the_start_directory(uci_root, tmp_path):
+    """A relative ``PYRO_DGP_DATA`` means a path from the directory the program started in:
+    it still finds the set after the program changes directory, and a child process started
+    from elsewhere inherits the absolute path."""
+    _copy_set(uci_root, "yacht", tmp_path / "start" / "data")
+    (tmp_path / "elsewhere").mkdir()
+    script = (
+        "import os, subprocess, sys\n"
+        "from pyro_dgp import datasets\n"
+        "os.chdir(sys.argv[1])\n"
+        "print(datasets.load('yacht', split=0, download=False).num_train)\n"
+        "child = 'import os; print(os.environ[\\'PYRO_DGP_DATA\\'])'\n"
+        "print(subprocess.run([sys.executable, '-c', child], capture_output=True, text=True,"
+        " check=True).stdout.strip())\n")
+    env = {**os.environ, "PYRO_DGP_DATA": "data", "XDG_CACHE_HOME": str(tmp_path / "none")}
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "elsewhere")],
+                          cwd=tmp_path / "start", env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    num_train, child_env = done.stdout.split()
+    assert int(num_train) == len(_idx(uci_root, "yacht", "train", 0))
+    assert Path(child_env) == tmp_path / "start" / "data"
 
 
 def test_missing_files_say_where_they_looked(tmp_path):

@@ -226,6 +226,7 @@ def test_importance_weights_at_the_sparse_exact_posterior_are_the_marginal_likel
     assert plain < exact - 1.0, (plain, exact)
 
 
+@pytest.mark.slow
 def test_collapsed_and_sampled_estimators_agree_and_collapsed_has_lower_variance():
     torch.manual_seed(0)
     N = 40

@@ -115,6 +115,7 @@ def test_completed_autoguides_train(step_data, autoguide):
     assert torch.isfinite(pred.log_prob(y_test)).all()
 
 
+@pytest.mark.slow
 def test_completed_autoguide_reaches_an_elbo_comparable_to_mean_field(step_data):
     X, y, _, _ = step_data
     results, ses = {}, {}

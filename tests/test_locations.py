@@ -256,6 +256,7 @@ def test_locations_layer_kl_averages_over_the_random_inducing_inputs():
     assert mc == pytest.approx(kl["layer2"], abs=4 * se)
 
 
+@pytest.mark.slow
 def test_per_point_draws_are_unbiased_and_lower_the_gradient_variance():
     """The feeding layer's u drawn per point (each point's draw is the next layer's Z for that
     point) against one shared draw (seed 003's estimator): the same ELBO within 3 standard

@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
+from uci_data import uci_root_or_skip
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.py"))
-DATA = Path(os.environ.get("PYRO_DGP_DATA", ROOT.parent / "shared" / "data"))
 #: the acceptance bound of a notebook's small run on the CI machine (2 cores)
 LIMIT_S = 120
 
@@ -32,10 +32,9 @@ def test_notebook_executes_in_its_small_size(path, monkeypatch):
     import nbclient
     import nbformat
 
-    if "uci" in path.stem and not (DATA / "uci").exists():
-        pytest.skip(f"UCI data not found in {DATA} (PYRO_DGP_DATA)")
+    if "uci" in path.stem:
+        monkeypatch.setenv("PYRO_DGP_DATA", str(uci_root_or_skip("boston")))
     monkeypatch.setenv("PYRO_DGP_NOTEBOOK_SIZE", "small")
-    monkeypatch.setenv("PYRO_DGP_DATA", str(DATA))
     # the kernel's figures go into the executed notebook (headless, as Agg)
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     notebook = jupytext.read(path)
@@ -53,3 +52,18 @@ def test_notebook_executes_in_its_small_size(path, monkeypatch):
     print(f"{path.stem}: {elapsed:.1f} s, {figures} figures")
     assert figures >= 1, "the notebook rendered no figure"
     assert elapsed < LIMIT_S, f"{path.stem} took {elapsed:.0f} s in its small size"
+
+
+def test_jupytext_executes_a_notebook_with_the_dev_extra(tmp_path):
+    """``jupytext --execute``, as notebooks/README.md says to run a notebook, works with what
+    the ``dev`` extra installs (it needs nbconvert and ipykernel)."""
+    import subprocess
+    import sys
+
+    header = NOTEBOOKS[0].read_text().split("# %%", 1)[0]  # the notebooks' jupytext header
+    source = tmp_path / "tiny.py"
+    source.write_text(header + "# %%\nprint(6 * 7)\n")
+    done = subprocess.run([sys.executable, "-m", "jupytext", "--to", "ipynb", "--execute",
+                           str(source)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "42" in (tmp_path / "tiny.ipynb").read_text()

@@ -1,15 +1,13 @@
 """The README's quickstart runs as written (fewer steps), with either of its guides; its two
 command lines are unchanged; README.md and docs/ link only inside the repository."""
 
-import os
 import re
 from pathlib import Path
 
 import pytest
+from uci_data import needs_uci
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-DATA = Path(os.environ.get("PYRO_DGP_DATA",
-                           Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
 def _quickstart() -> str:
@@ -49,7 +47,7 @@ DEMO_COMMAND = (
 TEST_COMMAND = (
     "python3 -m venv .venv && . .venv/bin/activate && pip install -c .ci/constraints.txt "
     "torch==2.13.0 && pip install -c .ci/constraints.txt -e \".[dev,bench]\" && "
-    "PYRO_DGP_DATA=../shared/data python -m pytest -q"
+    "python -m pytest -q"
 )
 
 
@@ -113,14 +111,15 @@ def _command_lines() -> list[str]:
     return [line.split("#", 1)[0].strip() for line in block.strip().splitlines()]
 
 
-@pytest.mark.skipif(not (DATA / "uci" / "energy").exists(), reason="UCI energy not found")
+@needs_uci("energy")
 def test_readme_command_lines_run(tmp_path, monkeypatch, capsys):
-    """The README's command-line examples, run in-process with 3 steps into a temp folder."""
+    """The README's command-line examples, run in-process with 3 steps into a temp folder:
+    the data are found through ``$PYRO_DGP_DATA`` (relative or not) after the change of
+    directory, and nothing is downloaded."""
     import shlex
 
     from pyro_dgp.cli import main
 
-    monkeypatch.setenv("PYRO_DGP_DATA", str(DATA))
     monkeypatch.chdir(tmp_path)
     lines = _command_lines()
     assert [shlex.split(ln)[:2] for ln in lines] == [

@@ -483,6 +483,7 @@ def test_fan_in_linear_starts_at_torch_linear_function():
     assert torch.allclose(fan_in(x), plain(x), atol=1e-12)
 
 
+@pytest.mark.slow
 def test_ssivi_trains_stably_on_a_uci_sized_problem():
     # boston's shape (455 points, 13 inputs, M = 100) at the Gaussian guides' lr 0.01 and the
     # paper's networks: with plain Linear layers the mixing scales left the prior's range

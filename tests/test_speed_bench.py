@@ -89,6 +89,7 @@ def test_all_implementations_step(capsys):
     assert lg[0] == pytest.approx(lo[0], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_gpytorch_computes_our_model_away_from_its_initial_state():
     """At the initial state the last layer's q is its prior, so the loss does not see the
     inner layers. After 60 of our steps, with our values copied into GPyTorch's model: the
@@ -121,6 +122,7 @@ def test_gpytorch_computes_our_model_away_from_its_initial_state():
     assert float(v_o.max()) > 1e-3  # the first layer is not deterministic here
 
 
+@pytest.mark.slow
 def test_command_line_table_and_markdown(tmp_path, capsys):
     pytest.importorskip("gpytorch")
     out = tmp_path / "BENCH.md"
@@ -134,6 +136,7 @@ def test_command_line_table_and_markdown(tmp_path, capsys):
     assert "## Speed" in text and "torch " in text and "--num-data 90" in text
 
 
+@pytest.mark.slow
 def test_guides_timing_records_one_line_per_guide(tmp_path, capsys, monkeypatch):
     """``--guides``: fit's ms per step for each guide named (eager only on the CPU; the
     amortized guide on the AVDGP model), one result line each; the graph mode on CUDA

