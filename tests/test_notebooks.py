@@ -8,6 +8,7 @@ figures) there.
 """
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from uci_data import uci_root_or_skip
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.py"))
+#: warnings a notebook shows on purpose (02 demonstrates the guide comparison's)
+SHOWN_WARNINGS = {"GuideComparisonWarning"}
 #: the acceptance bound of a notebook's small run on the CI machine (2 cores)
 LIMIT_S = 120
 
@@ -51,6 +54,11 @@ def test_notebook_executes_in_its_small_size(path, monkeypatch):
                   for o in cell.get("outputs", []) if "image/png" in o.get("data", {}))
     print(f"{path.stem}: {elapsed:.1f} s, {figures} figures")
     assert figures >= 1, "the notebook rendered no figure"
+    stderr = "".join(o.get("text", "") for cell in notebook.cells if cell.cell_type == "code"
+                     for o in cell.get("outputs", [])
+                     if o.get("output_type") == "stream" and o.get("name") == "stderr")
+    unexpected = set(re.findall(r"\b(\w*Warning)\b", stderr)) - SHOWN_WARNINGS
+    assert not unexpected, f"{path.stem} shows {sorted(unexpected)}:\n{stderr[:3000]}"
     assert elapsed < LIMIT_S, f"{path.stem} took {elapsed:.0f} s in its small size"
 
 
