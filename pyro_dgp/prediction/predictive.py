@@ -79,18 +79,26 @@ def predict(
     check_guide_of(model, guide, "predict")
     last = model.layers[-1].name + ".f" if hasattr(model, "layers") else None
     set_up_guide(guide, (X[..., :batch_size, :],), seed, X.device)
-    draw_chunk = (_chunk_draws if likelihood is not None else _chunk_observations)
+    # the model's likelihood at its last layer's Gaussians, or the site its trace shows
+    draw_chunk, site = ((_chunk_draws, last) if likelihood is not None
+                        else (_chunk_observations, observed))
     # one U per draw for all points: per-point draws (a training estimator) would give the
     # same per-point mixtures at O(N) times the sampling cost
     with torch.no_grad(), seeded(seed, X.device), shared_draws(guide), \
             weighted_paths(guide) as weights:
         S = S if weights is None else weights.shape[0]
-        chunks = [draw_chunk(model, guide, chunk, S, last if likelihood is not None else observed)
+        chunks = [draw_chunk(model, guide, chunk, S, site)
                   for chunk in X.split(batch_size, dim=-2)]
     # the draws behind estimates without a closed form (a custom likelihood's CRPS) follow the
     # same seed
-    mc_seed = 0 if seed is None else seed
-    if not all(isinstance(chunk, tuple) for chunk in chunks):  # the site's own distributions
+    return _mixture(chunks, y_mean, y_std, 0 if seed is None else seed, weights)
+
+
+def _mixture(chunks: list, y_mean: float, y_std: float, mc_seed: int, weights):
+    """The predictive of the chunks of test points: :class:`DrawMixturePredictive` of the
+    site's distributions, or :class:`MixturePredictive` of ``(loc, var, hyperparameters,
+    likelihood)`` per chunk."""
+    if not all(isinstance(chunk, tuple) for chunk in chunks):
         return DrawMixturePredictive(chunks, y_mean, y_std, mc_seed=mc_seed, weights=weights)
     locs, vars_, hypers, likelihoods = zip(*chunks, strict=True)
     hyper = {}
