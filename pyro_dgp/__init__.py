@@ -23,7 +23,7 @@ from .infer import FitResult, TrainingDivergedError, fit, importance, importance
 from .infer import evaluate_elbo as elbo
 from .infer.amortized import AmortizedELBO
 from .linalg import CholeskyError, NumericalWarning
-from .prediction import MixturePredictive, metrics, predict
+from .prediction import DrawMixturePredictive, MixturePredictive, metrics, predict
 
 __version__ = "0.1.0"
 
@@ -42,6 +42,7 @@ __all__ = [
     "variational_pareto_k",
     "CholeskyError",
     "DeepGP",
+    "DrawMixturePredictive",
     "FitResult",
     "GPLayer",
     "MixturePredictive",

@@ -330,3 +330,54 @@ def test_threads_option_sets_torchs_threads_during_the_fit(tmp_path, monkeypatch
                      "2", "--output", str(tmp_path), "--quiet", *threads]) == 0
         assert seen[-1] == (expected, expected)
         assert torch.get_num_threads() == before
+
+
+def _recording_fit(monkeypatch):
+    """Replace the CLI's ``fit`` by one that records its keyword arguments and trains."""
+    import pyro_dgp.cli.commands as cli
+
+    calls, real = [], cli.fit
+
+    def fit(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cli, "fit", fit)
+    return calls
+
+
+_TINY = ["--data", "step", "--inducing", "5", "--steps", "3", "--samples", "3", "--quiet"]
+
+
+def test_fit_trains_the_alpha_objective_with_the_alpha_given(tmp_path, monkeypatch, capsys):
+    calls = _recording_fit(monkeypatch)
+    assert main(["fit", *_TINY, "--objective", "alpha", "--alpha", "0.3", "--output",
+                 str(tmp_path)]) == 0
+    assert calls[0]["objective"] == "alpha" and calls[0]["alpha"] == 0.3
+    assert (tmp_path / "fit.pt").exists()
+
+
+def test_fit_takes_natural_gradient_steps_warmed_up_to_gamma(tmp_path, monkeypatch, capsys):
+    calls = _recording_fit(monkeypatch)
+    assert main(["fit", *_TINY, "--natural-gradient", "0.2", "--output", str(tmp_path)]) == 0
+    schedule = calls[0]["natural_gradient"]
+    assert schedule(0) == pytest.approx(1e-4) and schedule(100) == pytest.approx(0.2)
+    calls.clear()
+    assert main(["fit", *_TINY, "--output", str(tmp_path / "plain")]) == 0
+    assert "natural_gradient" not in calls[0] and "alpha" not in calls[0]
+
+
+def test_evaluate_plots_what_applies_to_two_inputs_and_says_what_it_skipped(tmp_path, capsys):
+    csv = _write_csv(tmp_path / "d.csv")
+    assert main(["fit", "--data", str(csv), "--target", "target", "--inducing", "4", "--steps",
+                 "2", "--samples", "2", "--output", str(tmp_path / "o"), "--quiet"]) == 0
+    capsys.readouterr()
+    plots = tmp_path / "p"
+    assert main(["evaluate", str(tmp_path / "o" / "fit.pt"), "--plots", str(plots)]) == 0
+    written = sorted(p.name for p in plots.iterdir())
+    assert written == ["datatree.nc", "hyperparameters.png", "layer_variance.png",
+                       "predictive.png"]
+    captured = capsys.readouterr()
+    assert ("plot 'paths' skipped: layer sample paths are curves against a 1-D input; these "
+            "inputs have 2 dims") in captured.err
+    assert "wrote layer_variance.png, predictive.png, hyperparameters.png" in captured.out

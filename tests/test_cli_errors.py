@@ -100,3 +100,37 @@ def test_each_option_shows_one_default(name):
     if name == "fit":
         assert helps["--split"].endswith("(default: 0; for a CSV file, --seed)")
         assert helps["--device"].endswith("(default: cpu)")
+
+
+_TINY = ["--data", "step", "--inducing", "5", "--steps", "2", "--samples", "2", "--quiet"]
+
+
+def test_alpha_without_the_alpha_objective_is_refused(tmp_path, capsys):
+    assert main(["fit", *_TINY, "--alpha", "0.3", "--output", str(tmp_path)]) == 2
+    assert "--alpha 0.3 sets the alpha of --objective alpha, not of --objective auto" in (
+        capsys.readouterr().err)
+    assert not (tmp_path / "fit.pt").exists()
+
+
+@pytest.mark.parametrize("option, value", [("--alpha", "0"), ("--alpha", "1.5"),
+                                           ("--natural-gradient", "0"),
+                                           ("--natural-gradient", "2")])
+def test_alpha_and_gamma_outside_the_unit_interval_are_option_errors(option, value, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["fit", *_TINY, "--objective", "alpha", option, value])
+    assert exc.value.code == 2
+    assert f"{option}: must lie in (0, 1], got {value}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("guide, reason", [
+    ("autonormal", "--guide autonormal (Completed) has none: use one of meanfield, "
+                   "meanfield-sampled, coupled, coupled-per-point"),
+    ("sivi", "--guide sivi (SemiImplicit) has none"),
+    ("coupled-lowrank", "does not apply to --guide coupled-lowrank: Coupled(rank="),
+])
+def test_natural_gradient_is_refused_for_guides_without_gaussian_blocks(tmp_path, capsys, guide,
+                                                                       reason):
+    assert main(["fit", *_TINY, "--guide", guide, "--natural-gradient", "0.1", "--output",
+                 str(tmp_path)]) == 2
+    assert reason in capsys.readouterr().err
+    assert not (tmp_path / "fit.pt").exists()

@@ -180,6 +180,27 @@ def test_plots_are_written(tmp_path):
         plot_layer_paths(dt2, tmp_path / "x.png")
 
 
+@pytest.mark.parametrize("D", [2, 3])
+def test_plots_of_many_inputs_write_what_applies_and_name_what_they_skip(tmp_path, D):
+    """Inputs of D > 1 dims: per-layer variances and the predictive against the inputs (maps
+    over the plane for D = 2), no layer paths (curves against a 1-D x), said by
+    skipped_plots."""
+    from pyro_dgp.diagnostics import skipped_plots
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(20, D, generator=g, dtype=torch.float64)
+    y = X.sum(-1) / math.sqrt(D)
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=4)
+    guide = dgp.guides.MeanField(model)
+    dt = to_datatree(model, guide, X, y, num_samples=5, seed=0)
+    paths = plot_diagnostics(dt, tmp_path)
+    assert set(paths) == {"variance", "predictive", "hyperparameters"}
+    for path in paths.values():
+        _check_png(path)
+    assert skipped_plots(dt) == {"paths": "layer sample paths are curves against a 1-D input; "
+                                          f"these inputs have {D} dims"}
+
+
 def test_forest_plot_of_bayesian_hyperparameters(tmp_path):
     from tests.test_arviz import _double, _HandNoise
 

@@ -14,9 +14,11 @@ import torch
 from .. import datasets, metrics
 from ..gp.avdgp import PAPER_HIDDEN_DIMS, PAPER_NUM_INDUCING
 from ..gp.deep_gp import DeepGP
+from ..guides.blocks import GaussianBlocks
 from ..guides.registry import has_local_inducing, make_guide
 from ..infer import distributed
 from ..infer.checkpoint import load_fit, model_from_config, read_fit, save_fit
+from ..infer.natgrad import warmup_gamma
 from ..infer.threads import num_threads, step_work, threads_for
 from ..infer.training import fit
 from ..prediction import predict
@@ -91,8 +93,16 @@ def cmd_demo(args) -> int:
 
 
 def _write_diagnostics(model, guide, data, out: Path, prefix: str) -> None:
-    """ArviZ DataTree (NetCDF) and per-layer diagnostic PNGs of one fit."""
-    from ..diagnostics import layer_summary, plot_diagnostics, save_datatree, to_datatree
+    """ArviZ DataTree (NetCDF) and the per-layer diagnostic PNGs that apply to one fit; the
+    ones skipped are named on stderr with the reason."""
+    from ..diagnostics import (
+        MAX_INPUT_PANELS,
+        layer_summary,
+        plot_diagnostics,
+        save_datatree,
+        skipped_plots,
+        to_datatree,
+    )
 
     grid = None
     if data.X_train.shape[-1] == 1:
@@ -104,10 +114,16 @@ def _write_diagnostics(model, guide, data, out: Path, prefix: str) -> None:
     dt = to_datatree(model, guide, data.X_train, data.y_train, num_samples=100, grid=grid,
                      seed=0, paths=paths)
     save_datatree(dt, out / f"{prefix}datatree.nc")
-    plot_diagnostics(dt, out, prefix=prefix)
+    written = plot_diagnostics(dt, out, prefix=prefix)
     label = prefix.rstrip("_")
     print(f"{label}: per-layer summary" if label else "per-layer summary")
     print(layer_summary(dt).to_string())
+    print(f"wrote {', '.join(path.name for path in written.values())} to {out}/")
+    for name, why in skipped_plots(dt).items():
+        note(f"plot '{name}' skipped: {why}")
+    if data.X_train.shape[-1] > MAX_INPUT_PANELS:
+        note(f"the plots against each input show the first {MAX_INPUT_PANELS} of "
+             f"{data.X_train.shape[-1]} inputs")
 
 
 def _plot_predictions(data, preds, path: Path) -> None:
@@ -152,7 +168,8 @@ def cmd_fit(args) -> int:
               "samples": args.samples}
     model = model_from_config(model_cfg, data.X_train, data.y_train)
     guide = make_guide(args.guide, model)
-    objective = args.objective  # "auto": an amortized guide's own objective (make_objective)
+    # "auto": an amortized guide's own objective (make_objective)
+    training = _training_options(args, guide)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = Path(args.checkpoint) if args.checkpoint else out / "checkpoint.pt"
@@ -162,10 +179,10 @@ def cmd_fit(args) -> int:
         distributed.init(args.device, timeout=args.timeout)
     with num_threads(threads):
         result = fit(model, guide, data.X_train, data.y_train, num_steps=args.steps,
-                     batch_size=B, lr=args.lr, objective=objective,
-                     num_particles=args.particles, seed=args.seed, progress=not args.quiet,
+                     batch_size=B, lr=args.lr, num_particles=args.particles,
+                     seed=args.seed, progress=not args.quiet,
                      checkpoint=checkpoint, resume=args.resume, threads=threads,
-                     distributed=world > 1, cuda_graph=args.cuda_graph)
+                     distributed=world > 1, cuda_graph=args.cuda_graph, **training)
         if world > 1:
             rank = distributed.DataParallel().rank
             distributed.shutdown()
@@ -180,6 +197,53 @@ def cmd_fit(args) -> int:
     print(f"wrote the fit to {out / 'fit.pt'}, its test scores to {out / 'metrics.json'} and "
           f"the checkpoint to {checkpoint} (pyro-dgp evaluate {out / 'fit.pt'} scores it again)")
     return 0
+
+
+#: the guides of the registry whose q(u) is made of Gaussian blocks with Cholesky factors,
+#: which natural-gradient steps update (:class:`~pyro_dgp.infer.natgrad.NaturalGradient`)
+NATURAL_GRADIENT_GUIDES = ("meanfield", "meanfield-sampled", "coupled", "coupled-per-point")
+
+#: the step size at which ``--natural-gradient`` starts its warm-up (Salimbeni,
+#: Eleftheriadis and Hensman 2018)
+NATURAL_GRADIENT_START = 1e-4
+
+
+def _training_options(args, guide) -> dict:
+    """``fit``'s keyword arguments from ``--objective``, ``--alpha`` and
+    ``--natural-gradient``.
+
+    :raises ValueError: ``--alpha`` without ``--objective alpha``, or ``--natural-gradient``
+        with a guide whose ``q(u)`` natural-gradient steps cannot update, each with the
+        reason."""
+    options = {"objective": args.objective}
+    if args.alpha is not None:
+        if args.objective != "alpha":
+            raise ValueError(f"--alpha {args.alpha} sets the alpha of --objective alpha, not of "
+                             f"--objective {args.objective}: add --objective alpha or drop "
+                             "--alpha")
+        options["alpha"] = args.alpha
+    if args.natural_gradient is not None:
+        _check_natural_gradient(args.guide, guide)
+        gamma = args.natural_gradient
+        # log-linear warm-up from min(1e-4, gamma) to gamma over warmup_gamma's first steps
+        options["natural_gradient"] = warmup_gamma(
+            gamma, start=min(NATURAL_GRADIENT_START, gamma))
+    return options
+
+
+def _check_natural_gradient(name: str, guide) -> None:
+    """Refuse ``--natural-gradient`` for a guide whose ``q(u)`` is not made of Gaussian blocks
+    with Cholesky factors (the natural parameters the steps update)."""
+    supported = ", ".join(NATURAL_GRADIENT_GUIDES)
+    if not isinstance(guide, GaussianBlocks):
+        raise ValueError(f"--natural-gradient steps a Gaussian q(u) in its natural parameters; "
+                         f"--guide {name} ({type(guide).__name__}) has none: use one of "
+                         f"{supported}, or train without --natural-gradient")
+    try:
+        guide.gaussian_blocks()
+    except TypeError as err:  # e.g. a low-rank covariance, not a Cholesky factor
+        raise ValueError(f"--natural-gradient does not apply to --guide {name}: {err}; use one "
+                         f"of {supported}") from None
 
 
 def _model_config(args, num_train: int) -> dict:

@@ -36,6 +36,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _unit_interval(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must lie in (0, 1], got {text}")
+    return value
+
+
 def _device(text: str) -> str:
     try:
         return check_device(text)
@@ -126,12 +133,22 @@ def _add_fit(sub) -> None:
                         "the amortized-* guides")
     f.add_argument("--guide", choices=sorted(GUIDES), default="meanfield",
                    help="variational family (amortized-*: with --model avdgp only)")
-    f.add_argument("--objective", choices=["auto", "elbo", "meanfield", "renyi"],
+    f.add_argument("--objective", choices=["auto", "elbo", "meanfield", "renyi", "alpha"],
                    default="auto",
                    help="auto: the analytic-KL ELBO where the guide factorises like the "
                         "model, the amortized guides' weighted-path objective for amortized-*, "
                         "else Trace_ELBO; renyi: RenyiELBO(alpha=0.5), with a guide "
-                        "that samples u (meanfield-sampled or an auto* guide)")
+                        "that samples u (meanfield-sampled or an auto* guide); alpha: the "
+                        "local alpha-divergence objective with --alpha (power EP with tied "
+                        "factors; alpha -> 0 is the ELBO, 1 the predictive log-likelihood)")
+    f.add_argument("--alpha", type=_unit_interval, default=None,
+                   help="alpha in (0, 1] of --objective alpha (default: 0.5)")
+    f.add_argument("--natural-gradient", type=_unit_interval, default=None, metavar="GAMMA",
+                   help="natural-gradient steps of size GAMMA in (0, 1] for the last layer's "
+                        "Gaussian q(u), warmed up from 1e-4 over 5 steps (warmup_gamma; "
+                        "Salimbeni, Eleftheriadis and Hensman 2018), Adam for the other "
+                        "parameters; guides meanfield, meanfield-sampled, coupled, "
+                        "coupled-per-point (default: Adam for all)")
     f.add_argument("--particles", type=_positive_int, default=1,
                    help="samples of the objective per step")
     f.add_argument("--steps", type=_positive_int, default=20000, help="SVI steps")
@@ -164,7 +181,10 @@ def _add_evaluate(sub) -> None:
     e.add_argument("fit", help="fit.pt written by 'pyro-dgp fit'")
     _data_args(e, for_fit=False)
     e.add_argument("--plots", metavar="DIR",
-                   help="also write the ArviZ DataTree and per-layer diagnostic PNGs here")
+                   help="also write the ArviZ DataTree and the diagnostic PNGs that apply "
+                        "here: layer paths (1-D inputs), per-layer variances, the predictive "
+                        "mean and sd (inputs of 2 or more dims), hyperparameters; those "
+                        "skipped are named on stderr")
     _threads_arg(e)
     e.set_defaults(func=cmd_evaluate)
 

@@ -4,10 +4,19 @@ from .compare import GuideComparisonWarning, predictive_scores
 from .export import load_datatree, save_datatree, to_datatree
 from .kl import layer_kl
 from .layers import layer_summary, layer_variance
-from .plots import plot_diagnostics, plot_hyperparameters, plot_layer_paths, plot_layer_variance
+from .plots import (
+    MAX_INPUT_PANELS,
+    plot_diagnostics,
+    plot_hyperparameters,
+    plot_layer_paths,
+    plot_layer_variance,
+    plot_predictive,
+    skipped_plots,
+)
 from .psis import compare_guides, loo, variational_pareto_k
 
 __all__ = [
+    "MAX_INPUT_PANELS",
     "GuideComparisonWarning",
     "compare_guides",
     "layer_kl",
@@ -19,8 +28,10 @@ __all__ = [
     "plot_hyperparameters",
     "plot_layer_paths",
     "plot_layer_variance",
+    "plot_predictive",
     "predictive_scores",
     "save_datatree",
+    "skipped_plots",
     "to_datatree",
     "variational_pareto_k",
 ]

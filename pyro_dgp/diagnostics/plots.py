@@ -3,10 +3,14 @@
 - :func:`plot_layer_paths`: posterior sample paths of each layer against its own input, and
   of the composition against ``x`` (the view of compositional uncertainty of Ustyuzhaninov
   et al. 2020);
-- :func:`plot_layer_variance`: posterior and prior variance of each layer against ``x``;
+- :func:`plot_layer_variance`: posterior and prior variance of each layer against ``x``, or
+  against each input for inputs of several dims;
+- :func:`plot_predictive`: the predictive mean and standard deviation of the observations at
+  the inputs: over the plane of 2-D inputs, against each input otherwise;
 - :func:`plot_hyperparameters`: a forest plot of Bayesian hyperparameters with
   ``arviz_plots.plot_forest``, or of the point estimates;
-- :func:`plot_diagnostics`: all of them into one directory.
+- :func:`plot_diagnostics`: all that apply into one directory (:func:`skipped_plots` says
+  which do not, and why).
 """
 
 from __future__ import annotations
@@ -20,7 +24,11 @@ import xarray as xr
 
 from .layers import layer_order, layer_variance
 
-__all__ = ["plot_diagnostics", "plot_hyperparameters", "plot_layer_paths", "plot_layer_variance"]
+__all__ = ["MAX_INPUT_PANELS", "plot_diagnostics", "plot_hyperparameters", "plot_layer_paths",
+           "plot_layer_variance", "plot_predictive", "skipped_plots"]
+
+#: inputs shown, one panel each, by the plots against each input of many-dim inputs
+MAX_INPUT_PANELS = 4
 
 
 def _plt():
@@ -93,10 +101,43 @@ def plot_layer_paths(
 
 
 def plot_layer_variance(dt: xr.DataTree, path: str | os.PathLike, dpi: int = 100) -> Path:
-    """Per layer, posterior variance of ``f^l`` against ``x`` (each unit) with the prior
-    variance ``k_l(x, x)`` dashed; log scale. Needs 1-D inputs. :returns: the PNG path."""
+    """Per layer, posterior variance of ``f^l`` (each unit, up to 5) with the prior variance
+    ``k_l(x, x)`` dashed; log scale. Against ``x`` for 1-D inputs (lines); for inputs of
+    ``D > 1`` dims, one row of panels per input (the first :data:`MAX_INPUT_PANELS`), each
+    point's variances against that input (dots). :returns: the PNG path."""
+    x = _layer_inputs(dt)
+    if x.shape[-1] == 1:
+        return _layer_variance_curves(dt, x[:, 0], path, dpi)
     plt = _plt()
-    x, _ = _inputs_1d(dt)
+    lv = layer_variance(dt)
+    names = layer_order(dt)
+    rows = min(x.shape[-1], MAX_INPUT_PANELS)
+    fig, axes = plt.subplots(rows, len(names), figsize=(3.6 * len(names), 2.8 * rows),
+                             squeeze=False)
+    for d in range(rows):
+        for ax, lname in zip(axes[d], names, strict=True):
+            pv = lv[f"{lname}.post_var"].values  # (point, unit)
+            for k in range(min(pv.shape[-1], 5)):
+                ax.plot(x[:, d], pv[:, k], ".", ms=3, label=f"posterior (unit {k})")
+            ax.plot(x[:, d], lv[f"{lname}.prior_var"].values, "k+", ms=3, label="prior")
+            ax.set_yscale("log")
+            ax.set_title(f"Var {lname}.f")
+            ax.set_xlabel(f"x[{d}]")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, path, dpi)
+
+
+def _layer_inputs(dt) -> np.ndarray:
+    """``(N, D)`` the inputs the ``layers`` group was evaluated at (the grid, or ``X``)."""
+    cd = dt["constant_data"].to_dataset()
+    where = dt["layers"].attrs.get("evaluated_at", "obs")
+    return cd["grid"].values if where == "grid" else cd["X"].values
+
+
+def _layer_variance_curves(dt, x: np.ndarray, path, dpi) -> Path:
+    """:func:`plot_layer_variance` of 1-D inputs ``x (N,)``: lines against ``x``."""
+    plt = _plt()
     lv = layer_variance(dt)
     names = layer_order(dt)
     fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.2), squeeze=False)
@@ -112,6 +153,54 @@ def plot_layer_variance(dt: xr.DataTree, path: str | os.PathLike, dpi: int = 100
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     return _save(fig, path, dpi)
+
+
+def plot_predictive(dt: xr.DataTree, path: str | os.PathLike, dpi: int = 100) -> Path:
+    """Mean and standard deviation over the guide's draws of each observation site's
+    ``posterior_predictive`` at the inputs ``X``: for 2-D inputs two maps over the input
+    plane (points coloured by the value); otherwise both against each input (the first
+    :data:`MAX_INPUT_PANELS`), the observed values beside the mean where the DataTree has
+    them. :returns: the PNG path.
+
+    :raises ValueError: the DataTree has no ``posterior_predictive`` group."""
+    if "posterior_predictive" not in dt.children:
+        raise ValueError("plot_predictive needs a DataTree with a posterior_predictive group "
+                         "(to_datatree of a model with an observation site)")
+    plt = _plt()
+    x = dt["constant_data"]["X"].values
+    names = [str(v) for v in dt["posterior_predictive"].data_vars]
+    draws = {n: dt["posterior_predictive"][n].values.reshape(-1, x.shape[0]) for n in names}
+    observed = ({str(v): dt["observed_data"][v].values for v in dt["observed_data"].data_vars}
+                if "observed_data" in dt.children else {})
+    if x.shape[-1] == 2:
+        fig, axes = plt.subplots(len(names), 2, figsize=(8, 3.4 * len(names)), squeeze=False)
+        for row, name in zip(axes, names, strict=True):
+            for ax, (label, value) in zip(row, _mean_sd(draws[name]), strict=True):
+                dots = ax.scatter(x[:, 0], x[:, 1], c=value, s=12, cmap="viridis")
+                fig.colorbar(dots, ax=ax)
+                ax.set_title(f"{label} of {name}")
+                ax.set_xlabel("x[0]")
+                ax.set_ylabel("x[1]")
+    else:
+        cols = min(x.shape[-1], MAX_INPUT_PANELS)
+        fig, axes = plt.subplots(2 * len(names), cols, figsize=(3.6 * cols, 5.6 * len(names)),
+                                 squeeze=False)
+        for i, name in enumerate(names):
+            for j, (label, value) in enumerate(_mean_sd(draws[name])):
+                for d, ax in enumerate(axes[2 * i + j]):
+                    if label == "mean" and name in observed:
+                        ax.plot(x[:, d], observed[name], "k.", ms=2, label="observed")
+                    ax.plot(x[:, d], value, ".", ms=3, label=label)
+                    ax.set_title(f"{label} of {name}")
+                    ax.set_xlabel(f"x[{d}]")
+        axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, path, dpi)
+
+
+def _mean_sd(draws: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """``[("mean", (N,)), ("sd", (N,))]`` over the draws ``(S, N)``."""
+    return [("mean", draws.mean(0)), ("sd", draws.std(0))]
 
 
 def plot_hyperparameters(dt: xr.DataTree, path: str | os.PathLike, dpi: int = 100) -> Path:
@@ -157,16 +246,35 @@ def plot_hyperparameters(dt: xr.DataTree, path: str | os.PathLike, dpi: int = 10
     return _save(fig, path, dpi)
 
 
+def skipped_plots(dt: xr.DataTree) -> dict[str, str]:
+    """``{name: why}`` of the plots of :func:`plot_diagnostics` that do not apply to ``dt``."""
+    x_dims = dt["constant_data"]["X"].shape[-1]
+    skipped = {}
+    if x_dims != 1:
+        skipped["paths"] = (f"layer sample paths are curves against a 1-D input; these inputs "
+                            f"have {x_dims} dims")
+    if x_dims == 1:
+        skipped["predictive"] = ("for 1-D inputs the last panel of the layer paths shows the "
+                                 "fit against x")
+    elif "posterior_predictive" not in dt.children:
+        skipped["predictive"] = "the DataTree has no posterior_predictive group"
+    return skipped
+
+
 def plot_diagnostics(dt: xr.DataTree, directory: str | os.PathLike, prefix: str = "") -> dict:
-    """All the plots into ``directory``: ``{"paths", "variance", "hyperparameters"}`` -> PNG
-    paths (the first two only for 1-D inputs)."""
+    """The plots that apply into ``directory``: ``{"paths", "variance", "predictive",
+    "hyperparameters"}`` -> PNG paths. ``paths`` needs 1-D inputs; ``predictive`` is written
+    for inputs of 2 or more dims (for 1-D ones the layer paths show the fit against ``x``);
+    :func:`skipped_plots` names those left out and why."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    skipped = skipped_plots(dt)
     out = {}
-    x_dims = dt["constant_data"]["X"].shape[-1]
-    if x_dims == 1:
+    if "paths" not in skipped:
         out["paths"] = plot_layer_paths(dt, directory / f"{prefix}layer_paths.png")
-        out["variance"] = plot_layer_variance(dt, directory / f"{prefix}layer_variance.png")
+    out["variance"] = plot_layer_variance(dt, directory / f"{prefix}layer_variance.png")
+    if "predictive" not in skipped:
+        out["predictive"] = plot_predictive(dt, directory / f"{prefix}predictive.png")
     out["hyperparameters"] = plot_hyperparameters(dt, directory / f"{prefix}hyperparameters.png")
     return out
 

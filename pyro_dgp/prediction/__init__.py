@@ -1,7 +1,9 @@
-"""The Gaussian-mixture predictive and its scores."""
+"""The predictive mixture and its scores."""
 
 from . import metrics
+from .draw_mixture import DrawMixturePredictive
 from .mixture import MixturePredictive, gaussian_mixture_crps
 from .predictive import predict
 
-__all__ = ["MixturePredictive", "gaussian_mixture_crps", "metrics", "predict"]
+__all__ = ["DrawMixturePredictive", "MixturePredictive", "gaussian_mixture_crps", "metrics",
+           "predict"]

@@ -16,7 +16,9 @@ from ..rng import seeded
 from ..validation import binary_labels, check_positive_finite, check_positive_int
 from .sampled import sample_cdf, sample_crps, sample_moments, sample_quantiles
 
-__all__ = ["MixturePredictive", "check_units", "check_weights", "gaussian_mixture_crps"]
+__all__ = ["MixturePredictive", "bernoulli_cdf", "bernoulli_quantiles", "check_units",
+           "check_weights", "gaussian_mixture_cdf", "gaussian_mixture_crps",
+           "gaussian_mixture_quantiles", "mixture_average"]
 
 #: entries of ``y`` drawn per block of points (``K S n``): 32 MiB of float64 draws
 _DRAW_BLOCK = 2**22
@@ -56,6 +58,47 @@ def gaussian_mixture_crps(y, means, variances, chunk: int | None = None,
             w = weights[:, lo : lo + chunk] if weights.shape[-1] > 1 else weights
             second.append((w.unsqueeze(0) * w.unsqueeze(1) * pair).sum((0, 1)))
     return first - 0.5 * torch.cat(second)
+
+
+def mixture_average(t: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """``sum_s w_s t_s`` over dim -2 of ``t (..., S, N)`` (``weights`` ``(S, 1)`` or ``(S, N)``);
+    ``None``: the mean, ``w_s = 1/S``."""
+    return t.mean(-2) if weights is None else (weights * t).sum(-2)
+
+
+def gaussian_mixture_cdf(y: torch.Tensor, means: torch.Tensor, variances: torch.Tensor,
+                         weights: torch.Tensor | None = None) -> torch.Tensor:
+    """``(..., N)`` CDF ``sum_s w_s Phi((y - mu_s) / s_s)`` of the mixture of normals at ``y``
+    (``(..., N)``); ``means``, ``variances`` ``(S, N)``."""
+    return mixture_average(ndtr((y.unsqueeze(-2) - means) / variances.sqrt()), weights)
+
+
+def gaussian_mixture_quantiles(q: torch.Tensor, means: torch.Tensor, variances: torch.Tensor,
+                               weights: torch.Tensor | None = None,
+                               iters: int = 60) -> torch.Tensor:
+    """``(Q, N)`` quantiles of the mixture of normals for probabilities ``q`` ``(Q, 1)``:
+    bisection on its CDF (``iters`` halvings) from ``[min_s mu_s - 12 s_s, max_s mu_s + 12
+    s_s]``, which holds every quantile in ``(0, 1)`` representable in float64."""
+    sd = variances.sqrt()
+    lo = (means - 12 * sd).min(0).values.expand(q.shape[0], -1).clone()
+    hi = (means + 12 * sd).max(0).values.expand(q.shape[0], -1).clone()
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        below = gaussian_mixture_cdf(mid, means, variances, weights) < q
+        lo = torch.where(below, mid, lo)
+        hi = torch.where(below, hi, mid)
+    return 0.5 * (lo + hi)
+
+
+def bernoulli_cdf(z: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """``(..., N)`` CDF of ``Bernoulli(p)`` (``p`` ``(N,)`` the probability of 1) at ``z``."""
+    return torch.where(z < 0, 0.0, torch.where(z < 1, 1 - p, 1.0)).to(p.dtype)
+
+
+def bernoulli_quantiles(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """``(Q, N)`` quantiles ``inf {y : F(y) >= q}`` of ``Bernoulli(p)`` for ``q`` ``(Q, 1)``:
+    1 where ``q > 1 - p``, else 0."""
+    return (q > 1 - p).to(q.dtype)
 
 
 def check_weights(weights, S: int, N: int, like: torch.Tensor) -> torch.Tensor | None:
@@ -144,7 +187,23 @@ class MixturePredictive:
 
     def _average(self, t: torch.Tensor) -> torch.Tensor:
         """``sum_s w_s t_s`` over dim -2 of ``t (..., S, N)``: the mean for uniform weights."""
-        return t.mean(-2) if self.weights is None else (self.weights * t).sum(-2)
+        return mixture_average(t, self.weights)
+
+    @property
+    def binary(self) -> bool:
+        """Whether ``y`` holds 0/1 labels: the predictive is Bernoulli (the likelihood's
+        ``binary``)."""
+        return bool(self.likelihood.binary)
+
+    def class_probabilities(self) -> torch.Tensor:
+        """``(N, 2)`` ``(p(y = 0), p(y = 1))`` of a binary predictive.
+
+        :raises ValueError: the likelihood is not binary."""
+        if not self.binary:
+            raise ValueError(f"class_probabilities needs a binary predictive; this one's "
+                             f"likelihood ({type(self.likelihood).__name__}) is not binary")
+        p = self._bernoulli_p()
+        return torch.stack([1 - p, p], -1)
 
     def _fixed(self):
         """The likelihood evaluated at the draws' own hyperparameters (Bayesian noise: one per
@@ -276,13 +335,11 @@ class MixturePredictive:
         """``(..., N)`` mixture CDF at ``y`` (broadcast against ``(N,)``): closed form for a
         Gaussian or binary predictive, else the empirical CDF of ``mc_samples`` draws."""
         if self.likelihood.gaussian_predictive:
-            m, v = self._component_moments()
-            return self._average(ndtr((y.unsqueeze(-2) - m) / v.sqrt()))
+            return gaussian_mixture_cdf(y, *self._component_moments(), self.weights)
         z = (y - self.y_mean) / self.y_std
         z = z.expand(*z.shape[:-1], self.loc.shape[-1])
         if self.likelihood.binary:
-            p = self._bernoulli_p()
-            return torch.where(z < 0, 0.0, torch.where(z < 1, 1 - p, 1.0)).to(p.dtype)
+            return bernoulli_cdf(z, self._bernoulli_p())
         return self._over_draws(lambda draws, points, w: sample_cdf(z[..., points], draws, w))
 
     def quantiles(self, q, iters: int = 60) -> torch.Tensor:
@@ -293,22 +350,9 @@ class MixturePredictive:
         if not bool(((q > 0) & (q < 1)).all()):
             raise ValueError("quantile probabilities must lie in (0, 1)")
         if self.likelihood.gaussian_predictive:
-            return self._gaussian_quantiles(q, iters)
+            return gaussian_mixture_quantiles(q, *self._component_moments(), self.weights, iters)
         if self.likelihood.binary:
-            z = (q > 1 - self._bernoulli_p()).to(q.dtype)
+            z = bernoulli_quantiles(q, self._bernoulli_p())
         else:
             z = self._over_draws(lambda draws, _, w: sample_quantiles(q.reshape(-1), draws, w))
         return self.y_mean + self.y_std * z
-
-    def _gaussian_quantiles(self, q: torch.Tensor, iters: int) -> torch.Tensor:
-        """``(Q, N)``: bisection on the Gaussian mixture's CDF for ``q`` of shape ``(Q, 1)``."""
-        m, v = self._component_moments()
-        sd = v.sqrt()
-        lo = (m - 12 * sd).min(0).values.expand(q.shape[0], -1).clone()
-        hi = (m + 12 * sd).max(0).values.expand(q.shape[0], -1).clone()
-        for _ in range(iters):
-            mid = 0.5 * (lo + hi)
-            below = self.cdf(mid) < q
-            lo = torch.where(below, mid, lo)
-            hi = torch.where(below, hi, mid)
-        return 0.5 * (lo + hi)
