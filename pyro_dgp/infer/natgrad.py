@@ -28,8 +28,23 @@ written out)::
         optim.step()
 
 ``pyro_dgp.fit(..., natural_gradient=warmup_gamma(0.1))`` runs this loop (a constant
-``gamma`` is taken as it is: ``1`` lands on the optimum of a conjugate model at once); a step
-that fails (:class:`NaturalStepError`) stops it as a divergence.
+``gamma`` is taken as it is: ``1`` lands on the optimum of a conjugate model at once).
+
+Damped steps. A step is taken only where its new precision ``P' = S^-1 + 2 gamma dloss/deta2``
+keeps ``P' - keep (1 - gamma) S^-1`` positive definite (``keep = 1/2``). Where the block is
+conjugate, ``P' = (1 - gamma) S^-1 + gamma P*`` with the optimum's precision ``P* > 0``, so
+every exact step passes, ``gamma = 1`` included (``keep`` weighs ``1 - gamma = 0``). An inner
+layer's block (full ``Coupled``'s one block holds every layer) has its objective sampled
+through the layer's draws: a single-draw estimate of ``dloss/deta2`` whose noise grows as
+``S^-1/2``, against a precision ``S^-1``. From the near-deterministic start of an inner
+``q(u)`` (``S = 1e-5 I``) the step at ``gamma = 0.1`` made the precision indefinite within 5
+steps on the step data, and a step that only just stays positive definite raises a variance
+many-fold and fails a few steps later. A step that fails
+the test is taken again at half its ``gamma``, up to ``max_backtracks`` times; the block keeps
+the reduced ``gamma`` and regrows it by ``regrowth`` per step taken, back to the schedule's
+(a backtracking line search on the step size, as for the positive-definite constraint of
+natural-gradient Gaussian updates in Khan and Lin 2017 and Lin, Schmidt and Khan 2020).
+Only a step that still fails then (:class:`NaturalStepError`) stops ``fit`` as a divergence.
 """
 
 from __future__ import annotations
@@ -41,12 +56,13 @@ import torch
 
 from ..guides.blocks import GaussianBlocks
 
-__all__ = ["NaturalGradient", "NaturalStepError", "expectation_parameters", "moment_parameters",
-           "natural_step", "warmup_gamma"]
+__all__ = ["NaturalGradient", "NaturalStepError", "covariance_tril", "expectation_parameters",
+           "moment_parameters", "natural_step", "warmup_gamma"]
 
 
 class NaturalStepError(ValueError):
-    """A natural-gradient step left a precision that is not positive definite."""
+    """A natural-gradient step failed: it left a precision that is not positive definite (or
+    shrank it too far, :func:`natural_step`), or its gradient was not finite."""
 
 
 def expectation_parameters(loc: torch.Tensor, scale_tril: torch.Tensor):
@@ -60,26 +76,69 @@ def moment_parameters(eta1: torch.Tensor, eta2: torch.Tensor):
     return eta1, torch.linalg.cholesky(0.5 * (S + S.mT))
 
 
-def natural_step(loc, scale_tril, grad_eta1, grad_eta2, gamma: float, name: str = "q(u)"):
+def natural_step(loc, scale_tril, grad_eta1, grad_eta2, gamma: float, name: str = "q(u)",
+                 keep: float = 0.5):
     """``(loc, scale_tril)`` after ``theta <- theta - gamma grad_eta`` (module docstring).
 
-    :raises NaturalStepError: the new precision ``S^-1 + 2 gamma grad_eta2`` is not positive
-        definite (the step was too long for this block): a smaller ``gamma`` is needed.
+    :param loc: ``(..., n)``; :param scale_tril: ``(..., n, n)``, the block's ``chol(S)``;
+        :param grad_eta1: ``(..., n)`` and :param grad_eta2: ``(..., n, n)``, the loss's
+        gradients in the expectation parameters.
+    :param keep: the step must leave ``P' - keep (1 - gamma) S^-1`` positive definite, ``P'``
+        the new precision: ``0`` asks only for a positive definite ``P'``; ``1/2`` (default)
+        lets no variance grow more than ``2 / (1 - gamma)``-fold, which a step towards a
+        positive definite target never does (module docstring).
+    :raises NaturalStepError: the step fails that test (it was too long for this block: a
+        smaller ``gamma`` is needed), or the gradients or the result are not finite.
     """
-    eye = torch.eye(loc.shape[-1], dtype=loc.dtype, device=loc.device)
+    if not 0 <= keep < 1:
+        raise ValueError(f"natural_step: keep must lie in [0, 1), got {keep}")
+    check_finite_gradients(grad_eta1, grad_eta2, name)
     S_inv = torch.cholesky_inverse(scale_tril)
     g2 = 0.5 * (grad_eta2 + grad_eta2.mT)
     theta1 = (S_inv @ loc.unsqueeze(-1)).squeeze(-1) - gamma * grad_eta1
     precision = S_inv + 2 * gamma * g2  # -2 theta2
-    L_p, info = torch.linalg.cholesky_ex(0.5 * (precision + precision.mT))
-    if bool(info.any()):
+    precision = 0.5 * (precision + precision.mT)
+    kept = keep * (1 - gamma) * S_inv
+    if keep > 0 and bool(torch.linalg.cholesky_ex(precision - kept)[1].any()):
+        raise NaturalStepError(
+            f"natural gradient: the step of size {gamma:g} shrinks the precision of {name} "
+            f"below {keep:g} (1 - gamma) times its value (a variance grows more than "
+            f"{1 / (keep * (1 - gamma)):.3g}-fold): use a smaller gamma, or warm up to it "
+            "(natgrad.warmup_gamma)")
+    new_tril = covariance_tril(precision)
+    if new_tril is None:
         raise NaturalStepError(f"natural gradient: the step of size {gamma:g} leaves the "
                                f"precision of {name} not positive definite; use a smaller "
                                "gamma, or warm up to it (natgrad.warmup_gamma)")
-    new_loc = torch.cholesky_solve(theta1.unsqueeze(-1), L_p).squeeze(-1)
-    # S = P^-1 = L_p^-T L_p^-1; its lower Cholesky factor
-    L_inv = torch.linalg.solve_triangular(L_p, eye.expand_as(L_p), upper=False)
-    return new_loc, torch.linalg.cholesky(L_inv.mT @ L_inv)
+    new_loc = (new_tril @ (new_tril.mT @ theta1.unsqueeze(-1))).squeeze(-1)  # S' theta1'
+    if not (torch.isfinite(new_loc).all() and torch.isfinite(new_tril).all()):
+        raise NaturalStepError(f"natural gradient: the step of size {gamma:g} leaves "
+                               f"{name} not finite")
+    return new_loc, new_tril
+
+
+def check_finite_gradients(grad_eta1: torch.Tensor, grad_eta2: torch.Tensor, name: str) -> None:
+    """:raises NaturalStepError: the gradients of ``name`` are not finite."""
+    if not (torch.isfinite(grad_eta1).all() and torch.isfinite(grad_eta2).all()):
+        raise NaturalStepError(f"natural gradient: the gradient of the loss in the "
+                               f"expectation parameters of {name} is not finite")
+
+
+def covariance_tril(precision: torch.Tensor) -> torch.Tensor | None:
+    """The lower Cholesky factor ``(..., n, n)`` of ``S = P^-1`` from ``P (..., n, n)``
+    itself, without forming ``S``; ``None`` where ``P`` is not positive definite.
+
+    With ``J`` the reversal permutation and ``J P J = R R^T`` (``R`` lower),
+    ``S = (J R^-T J)(J R^-T J)^T`` and ``J R^-T J`` is lower triangular with a positive
+    diagonal: one factorisation, as well conditioned as ``P``'s.
+    """
+    flip = (-2, -1)
+    R, info = torch.linalg.cholesky_ex(precision.flip(flip))
+    if bool(info.any()):
+        return None
+    eye = torch.eye(R.shape[-1], dtype=R.dtype, device=R.device).expand_as(R)
+    R_inv_T = torch.linalg.solve_triangular(R.mT, eye, upper=True)
+    return R_inv_T.flip(flip)
 
 
 def warmup_gamma(gamma: float = 0.1, warmup: int = 5, start: float = 1e-4) -> Callable:
@@ -105,22 +164,43 @@ class NaturalGradient:
 
     :param blocks: the names of the blocks to step (the others stay with the optimiser of
         the rest), ``"all"``, or ``"last"`` (default): the block of the last layer's
-        ``q(u)``, all of ``q`` in a one-layer model. In a deep model the inner layers'
-        objective is sampled through their draws and not conjugate; on the step data their
-        natural-gradient steps at ``gamma = 0.1`` left a precision that was not positive
-        definite (``tests/test_natgrad.py``), where the last layer's are stable.
+        ``q(u)``, all of ``q`` in a one-layer model (full ``Coupled`` has one block, over
+        every layer). In a deep model the inner layers' objective is sampled through their
+        draws and not conjugate: their steps are noisy and are the ones backtracked.
+    :param max_backtracks: how many times a failing step of a block is retried at half its
+        ``gamma`` before :meth:`step` raises :class:`NaturalStepError` (module docstring).
+    :param regrowth: the factor ``>= 1`` by which a block's backtracked ``gamma`` grows back
+        per step taken, up to the schedule's (``1``: it keeps the reduced ``gamma``).
+    :param keep: the test of a step (:func:`natural_step`).
+
+    ``backtracks`` counts the halvings so far, ``gamma_scale`` holds each backtracked block's
+    ``gamma`` as a fraction of the schedule's; :meth:`state_dict` saves both with the step
+    count, for a resumed run.
     """
 
     def __init__(self, guide, gamma: float | Callable[[int], float] = 0.1,
-                 blocks: str | list[str] = "last"):
+                 blocks: str | list[str] = "last", max_backtracks: int = 10,
+                 regrowth: float = 1.1, keep: float = 0.5):
         if not isinstance(guide, GaussianBlocks):
             raise TypeError(f"natural gradients need a guide whose q(u) is made of Gaussian "
                             f"blocks (MeanField, Coupled with rank=None), got "
                             f"{type(guide).__name__}")
         if not callable(gamma) and not 0 < float(gamma) <= 1:
             raise ValueError(f"natural gradient: gamma must lie in (0, 1], got {gamma}")
+        if isinstance(max_backtracks, bool) or not isinstance(max_backtracks, int) \
+                or max_backtracks < 0:
+            raise ValueError(f"natural gradient: max_backtracks must be an int >= 0, got "
+                             f"{max_backtracks!r}")
+        if not 1 <= float(regrowth) < math.inf:
+            raise ValueError(f"natural gradient: regrowth must be a finite number >= 1, got "
+                             f"{regrowth}")
+        if not 0 <= float(keep) < 1:
+            raise ValueError(f"natural gradient: keep must lie in [0, 1), got {keep}")
         self.guide, self.gamma, self.num_steps = guide, gamma, 0
         self.blocks = blocks
+        self.max_backtracks, self.regrowth, self.keep = max_backtracks, float(regrowth), keep
+        self.gamma_scale: dict[str, float] = {}
+        self.backtracks = 0
         self._pending: dict | None = None
 
     def block_names(self) -> list[str]:
@@ -160,13 +240,52 @@ class NaturalGradient:
         return float(loss.detach())
 
     def step(self) -> None:
-        """Apply the natural-gradient step of the last :meth:`loss_and_grads`."""
+        """Apply the natural-gradient step of the last :meth:`loss_and_grads`; a block whose
+        step fails is stepped at half its ``gamma``, up to ``max_backtracks`` times.
+
+        :raises NaturalStepError: a block's step still fails; no block has moved.
+        """
         if self._pending is None:
             raise RuntimeError("NaturalGradient.step() needs loss_and_grads() first")
         gamma = self.gamma_at(self.num_steps)
         with torch.no_grad():
-            new = {name: natural_step(*block, g1, g2, gamma, name=f"q({name})")
-                   for name, (block, g1, g2) in self._pending.items()}
-            self.guide.set_gaussian_blocks(new)
+            stepped = {name: self._damped_step(name, block, g1, g2, gamma)
+                       for name, (block, g1, g2) in self._pending.items()}
+        # written only once every block has stepped, with the scales they stepped at
+        self.guide.set_gaussian_blocks({name: q for name, (q, _, _) in stepped.items()})
+        for name, (_, scale, halvings) in stepped.items():
+            self.backtracks += halvings
+            self.gamma_scale[name] = min(1.0, scale * self.regrowth)
+            if self.gamma_scale[name] == 1.0:
+                del self.gamma_scale[name]
         self._pending = None
         self.num_steps += 1
+
+    def _damped_step(self, name: str, block, grad_eta1, grad_eta2, gamma: float):
+        """``(stepped block, scale, halvings)``: :func:`natural_step` of ``block`` at
+        ``gamma * scale``, ``scale`` the block's (1 unless backtracked before) halved while
+        the step fails."""
+        check_finite_gradients(grad_eta1, grad_eta2, f"q({name})")  # no step size helps
+        scale = self.gamma_scale.get(name, 1.0)
+        for halvings in range(self.max_backtracks + 1):
+            try:
+                stepped = natural_step(*block, grad_eta1, grad_eta2, gamma * scale,
+                                       name=f"q({name})", keep=self.keep)
+            except NaturalStepError as err:
+                failure = err
+                scale *= 0.5
+                continue
+            return stepped, scale, halvings
+        raise NaturalStepError(f"{failure}; it still failed after {self.max_backtracks} "
+                               f"halvings of gamma (down to {gamma * scale * 2:g})")
+
+    def state_dict(self) -> dict:
+        """The step count and backtracking state (plain numbers), for a checkpoint."""
+        return {"num_steps": self.num_steps, "gamma_scale": dict(self.gamma_scale),
+                "backtracks": self.backtracks}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict`'s ``state``."""
+        self.num_steps = int(state["num_steps"])
+        self.gamma_scale = {str(k): float(v) for k, v in state["gamma_scale"].items()}
+        self.backtracks = int(state["backtracks"])

@@ -129,6 +129,8 @@ class Trainer:
         set_rng_state(state["rng"], self.generator, self.device)
         self.result.losses = list(state["losses"])
         self.start = self.result.resumed_from = int(state["step"])
+        if self.natural is not None and "natural" in state:  # its backtracked step sizes
+            self.natural.load_state_dict(state["natural"])
         self.seconds_before = float(state.get("seconds", 0.0))
         self.batches.skip(self.start)
 
@@ -176,6 +178,7 @@ class Trainer:
             "batch_size": self.batches.batch_size,
             "seed": self.seed,
             "seconds": self.seconds_before + time.perf_counter() - self.t0,
+            **({} if self.natural is None else {"natural": self.natural.state_dict()}),
         })
 
     def loss_and_grads(self, step: int, args) -> tuple[float, Exception | None]:
