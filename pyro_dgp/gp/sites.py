@@ -138,10 +138,9 @@ def _describe(module) -> str:
 def _other_model(guide, layer: GPLayer, name: str) -> TypeError:
     # a TypeError: Pyro's traces re-raise a ValueError with their shape tables appended
     return TypeError(
-        f"{type(guide).__name__} '{getattr(guide, '_pyro_name', '')}' was built for the model "
-        f"{_describe(guide.model)}, but the model run on its draws (the model given to "
-        f"pyro.infer.SVI, or replayed on the guide's trace) is another one: its layer "
-        f"'{name}' ({_describe(layer)}) is no layer of the guide's model, so the guide's draws "
-        "would train the guide's own model, not this one. Build the guide on the model you "
-        "pass to SVI (e.g. guides.MeanField(model)); copy a model together with its guide "
-        "(copy.deepcopy((model, guide)))")
+        f"{_describe(guide)}: this guide was built for the model {_describe(guide.model)}, but "
+        "runs here with another model (pyro.infer.SVI(model, guide), or poutine.replay on its "
+        f"trace), whose layer '{name}' is {_describe(layer)}: the guide's draws would train its "
+        "own model, not this one. Build the guide on the model you pass to SVI: "
+        "guides.MeanField(model) (a copy of a model needs its guide copied with it: "
+        "copy.deepcopy((model, guide))).")
