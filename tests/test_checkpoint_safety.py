@@ -42,6 +42,35 @@ def test_safe_load_refuses_a_pickle_that_runs_code_and_runs_nothing(tmp_path):
     assert not marker.exists()
 
 
+class _RunsShell:
+    """Unpickling this runs a shell command (``os.system``, a module the weights-only loader
+    blocks outright: torch's error then holds only its advice to load the file unsafely)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("payload", [_RunsCode, _RunsShell])
+def test_the_refusal_names_the_file_unsafe_and_gives_no_advice_to_load_it(
+        tmp_path, payload, capsys):
+    """A file of os.system was called "corrupt or not a checkpoint", with torch's advice to
+    re-run with weights_only=False ("will likely succeed, but it can result in arbitrary code
+    execution") as the reason."""
+    path, marker = tmp_path / "their.pt", tmp_path / "ran"
+    torch.save({"model": payload(marker)}, path)
+    with pytest.raises(ValueError, match=r"refusing to load .*their.pt.*: the file is unsafe"
+                                         r".*GLOBAL") as info:
+        safe_load(path)
+    message = str(info.value)
+    for advice in ("weights_only", "trusted source", "will likely succeed", "add_safe_globals"):
+        assert advice not in message
+    _refused_by_every_loader(path, "the file is unsafe", capsys)
+    assert not marker.exists()
+
+
 def _refused_by_every_loader(path, message, capsys):
     """load_fit, fit's resume and the CLI's evaluate (exit code 2) refuse ``path``."""
     X, y = _data()

@@ -223,3 +223,122 @@ def test_trace_mean_field_with_a_completed_autoguide_warns_of_order_only_and_is_
             mean_field = TraceMeanField_ELBO().loss(model, guide, X, y)
             pyro.set_rng_seed(seed)
             assert mean_field == pytest.approx(Trace_ELBO().loss(model, guide, X, y), rel=1e-12)
+
+
+# ------------------------------------ a guide of another model under plain SVI (issue 37: 6, 7)
+def _svi_step(model, guide, X, y, elbo):
+    SVI(model, guide, pyro.optim.Adam({"lr": 0.05}), elbo).step(X, y)
+
+
+_ANOTHER_MODEL = r"was built for the model DeepGP '{}'.*layer '{}'.*guides\.MeanField\(model\)"
+
+
+@pytest.mark.filterwarnings("ignore:Failed to verify mean field restriction")
+@pytest.mark.parametrize("elbo", [TraceMeanField_ELBO, Trace_ELBO])
+@pytest.mark.parametrize("gname", ["meanfield", "autonormal"])
+def test_svi_refuses_a_guide_built_on_another_instance_of_the_model_class(data, elbo, gname):
+    """The guide ran (and so trained) its own model: of the SVI model's 9 parameters only the
+    likelihood's changed, and the loss fell all the same."""
+    X, y, _ = data
+    built_on, passed = _model(X, y), _model(X, y)
+    guide = GUIDES[gname](built_on)
+    before = {k: v.detach().clone() for k, v in passed.named_parameters()}
+    pattern = _ANOTHER_MODEL.format(built_on._pyro_name, "layer1")
+    with pytest.raises(TypeError, match=pattern) as info:
+        _svi_step(passed, guide, X, y, elbo())
+    assert passed.layers[0]._pyro_name in str(info.value)  # the model passed, by its layer
+    assert "Trace Shapes" not in str(info.value)
+    for k, v in passed.named_parameters():
+        assert torch.equal(v, before[k]), k
+    _svi_step(built_on, guide, X, y, elbo())  # the guide's own model trains
+
+
+class _OtherSites(PyroModule):
+    """A hand-written model whose one layer's sites are ``layer.u`` and ``layer.f``."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = dgp.GPLayer(2, 1, num_inducing=4, inducing_points=torch.zeros(4, 2,
+                                                                                   dtype=DT))
+
+    def forward(self, X, y=None):
+        plate = pyro.plate("data", X.shape[-2], dim=-1)
+        f = self.layer(X, plate=plate)
+        with plate:
+            return pyro.sample("y", dist.Normal(f.squeeze(-1), 0.1), obs=y)
+
+
+@pytest.mark.parametrize("other", ["deeper", "shallower", "other sites"])
+def test_svi_refuses_a_guide_of_a_model_of_another_depth_or_site_set(data, other):
+    """A deeper model failed with "ValueError: layer 'layer3' input has 1 columns, expected
+    2" and a Pyro trace dump; a shallower one, or one whose sites the guide lacks, trained
+    silently on nothing of the guide."""
+    X1, y, _ = data
+    X = torch.cat([X1, X1 ** 2], -1)  # two inputs: inner layers of width 2
+    guide = dgp.guides.MeanField(dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=4))
+    model = {
+        "deeper": lambda: dgp.DeepGP.regression(X, y, num_layers=3, num_inducing=4),
+        "shallower": lambda: dgp.DeepGP.regression(X, y, num_layers=1, num_inducing=4),
+        "other sites": _OtherSites,
+    }[other]()
+    layer = "layer" if other == "other sites" else "layer1"
+    pattern = _ANOTHER_MODEL.format(guide.model._pyro_name, layer)
+    with pytest.raises(TypeError, match=pattern) as info:
+        _svi_step(model, guide, X, y, Trace_ELBO())
+    assert "Trace Shapes" not in str(info.value)
+
+
+# ---------------------------------------------- Pyro's parameter store round trip (issue 37: 6)
+@pytest.mark.parametrize("gname", ["meanfield", "autonormal"])
+def test_param_store_loaded_into_a_rebuilt_model_warns_and_the_saved_names_restore(
+        data, gname, tmp_path):
+    """A model and guide rebuilt in the same process get new names, so loading the store
+    restored nothing (predictions were the untrained ones) without a word."""
+    import warnings
+
+    X, y, Xt = data
+    model = _model(X, y)
+    guide = GUIDES[gname](model)
+    _train(model, guide, X, y, 10)
+    trained = _loc(model, guide, Xt)
+    path = str(tmp_path / "params.pt")
+    pyro.get_param_store().save(path)
+    saved = {"model": model._pyro_name, "guide": guide._pyro_name}
+
+    pyro.clear_param_store()
+    rebuilt = _model(X, y)
+    rebuilt_guide = GUIDES[gname](rebuilt)
+    pyro.get_param_store().load(path)
+    own = rf"name='{saved['model']}'" if gname == "autonormal" else (
+        rf"the guide with name='{saved['guide']}' and the model with name='{saved['model']}'")
+    with pytest.warns(UserWarning, match=rf"the load restores nothing: rebuild .*{own}.*"
+                                         r"state_dict\(\)"):
+        untrained = _loc(rebuilt, rebuilt_guide, Xt)
+    assert not torch.allclose(untrained, trained)
+
+    pyro.clear_param_store()  # as the warning says: the saved names restore them
+    named = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=4, name=saved["model"])
+    named_guide = (dgp.guides.MeanField(named, name=saved["guide"]) if gname == "meanfield"
+                   else dgp.complete(AutoNormal(dgp.inducing_only(named)), named,
+                                     name=saved["guide"]))
+    pyro.get_param_store().load(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(_loc(named, named_guide, Xt), trained)
+        another = _model(X, y)  # what the restored pair reads is no load for another pair
+        _loc(another, GUIDES[gname](another), Xt)
+
+
+def test_models_fitted_one_after_another_are_not_warned_about_the_store(data):
+    """Parameters an earlier model and guide of the process trained (the store not cleared
+    in between) are theirs, not a load for the next pair."""
+    import warnings
+
+    X, y, Xt = data
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for gname in ("meanfield", "meanfield", "chain"):
+            model = _model(X, y)
+            guide = GUIDES[gname](model)
+            _train(model, guide, X, y, 2)
+            _loc(model, guide, Xt)

@@ -37,7 +37,7 @@ from ..validation import (
 from . import kl  # noqa: F401  (registers the KL to the whitened prior)
 from .conditional import conditional
 from .distributions import LayerConditional, WhitenedPrior, drop_data_dim, masked_out
-from .sites import FunctionSite, InducingSite, tag
+from .sites import FunctionSite, InducingSite, check_replayed_guide, tag
 
 __all__ = ["GPLayer", "random_hyperparameters", "sample_hyperparameters"]
 
@@ -375,6 +375,7 @@ class GPLayer(PyroModule):
                 f"model.to(dtype=..., device=...)"
             )
         name = self.name
+        check_replayed_guide(self, name)
         sample_hyperparameters(self)
         with self.given_inducing_inputs(inducing_inputs):
             u = pyro.sample(f"{name}.u", self.prior(), infer=tag(InducingSite(self)))

@@ -1,9 +1,8 @@
 """``LayerGuide``: the base of every guide; it runs the model with its layer sites redirected.
 
-A guide must provide every latent site of the model (the site contract of
-``docs/design.md``). Rather than re-implement the model's composition of layers, a guide runs the
-model itself under
-:class:`_Redirect`, a messenger that
+A guide must provide every latent site of the model (the site contract of ``docs/design.md``).
+Rather than re-implement the model's composition of layers, a guide runs the model itself
+under :class:`_Redirect`, a messenger that
 
 - at ``<layer>.u`` replaces the prior by ``q(u)`` (or fixes a value drawn elsewhere, hidden),
 - at ``<layer>.f`` replaces ``p(f | u, f_prev)`` by the guide's estimator ``N(loc, var)``
@@ -32,12 +31,13 @@ from pyro.poutine.util import site_is_subsample
 
 from ..gp.distributions import FunctionMarginal, FunctionPath, masked_out
 from ..gp.kl import layer_gaussian_kl
-from ..gp.sites import FunctionSite, InducingSite, layer_site
+from ..gp.sites import FunctionSite, InducingSite, drawn_site
 from ..state import swapped
 from ..validation import unique_name
 from . import estimators
 from .gaussian import LayerGaussian, check_size, gaussian_parameters
 from .prototype import LayerSite, example_args, is_vectorising, prototype_sites
+from .store import check_store, stored_names
 
 __all__ = ["GuideRun", "LayerGuide", "sample_paths", "shared_draws"]
 
@@ -75,14 +75,13 @@ class _Redirect(Messenger):
 
     def _redirect(self, msg) -> bool:
         """Redirect one site; returns whether to hide it from the guide's trace."""
-        record = layer_site(msg)
+        record = drawn_site(msg, self.guide)  # the model run on these draws must be its own
         site = self.guide.find_site(msg["name"].rsplit(".", 1)[0]) if record else None
         if record is not None and msg["is_observed"]:
             raise ValueError(
                 f"{type(self.guide).__name__}: the layer site '{msg['name']}' is observed "
                 "(poutine.condition?); a layer guide draws every layer's u and f itself, so "
-                "conditioning them is not supported: give the layer fixed values instead"
-            )
+                "conditioning them is not supported: give the layer fixed values instead")
         if isinstance(record, InducingSite):
             q = self.guide.u_site(site, self.run)
             if isinstance(q, torch.Tensor):  # drawn elsewhere: hidden, its density is there
@@ -114,8 +113,7 @@ class _Redirect(Messenger):
             raise ValueError(
                 f"{type(self.guide).__name__}: the model's global latent site '{msg['name']}' "
                 "is not covered by this guide; cover it with pyro_dgp.guides.complete("
-                "AutoNormal(pyro_dgp.inducing_only(model)), model)"
-            )
+                "AutoNormal(pyro_dgp.inducing_only(model)), model)")
         # An unobserved site inside a plate is not refused: it is how an observation looks
         # when the model predicts (obs=None). A hand-written model's own local latents are
         # therefore not covered by layer guides (they are drawn from the prior, hidden).
@@ -165,6 +163,7 @@ class LayerGuide(PyroModule):
 
     def setup(self, *args, **kwargs) -> None:
         """Create the variational parameters from a prototype trace (done on first call)."""
+        stored = stored_names()  # before the prototype run adds the model's names
         sites, others = prototype_sites(self.model, *args, **kwargs)
         self._check_others(others)
         local = [s.name for s in sites if getattr(s.layer, "local_inducing", False)]
@@ -174,14 +173,14 @@ class LayerGuide(PyroModule):
         self._sites = {s.name.rsplit(".", 1)[0]: s for s in sites}
         self._setup_sites(sites)
         self._set_up = True
+        check_store(self, stored)  # that the guide and model read what was loaded for them
 
     def _check_others(self, others: list[str]) -> None:
         if others:
             raise ValueError(
                 f"{type(self).__name__}: the model has global latent sites {others} that are not "
                 "GP layer sites; cover them with pyro_dgp.guides.complete(AutoNormal("
-                "pyro_dgp.inducing_only(model)), model)"
-            )
+                "pyro_dgp.inducing_only(model)), model)")
 
     def _setup_sites(self, sites: list[LayerSite]) -> None:
         pass

@@ -63,9 +63,10 @@ def safe_load(path: str | os.PathLike, map_location=None) -> dict:
     strings and plain containers only, so a file from someone else cannot run code.
 
     :raises FileNotFoundError: when there is no file at ``path``.
-    :raises ValueError: naming the file, when it holds objects the loader refuses (nothing in
-        it runs), when it cannot be read as a torch file at all (corrupt, truncated, or some
-        other kind of file), or when it holds something other than a dict.
+    :raises ValueError: naming the file, as unsafe when it holds objects the loader refuses
+        (nothing in it runs, and the message gives no way to load it anyway), when it cannot
+        be read as a torch file at all (corrupt, truncated, or some other kind of file), or
+        when it holds something other than a dict.
     """
     path = Path(path)
     try:
@@ -76,9 +77,10 @@ def safe_load(path: str | os.PathLike, map_location=None) -> dict:
         reason = _loader_reason(err)
         if _REFUSAL.search(reason):
             raise ValueError(
-                f"refusing to load {os.fspath(path)!r}: it holds objects other than tensors "
-                "and plain data, which could run code when loaded (checkpoints and fits "
-                f"written by pyro_dgp hold none). Loader's reason: {reason}") from None
+                f"refusing to load {os.fspath(path)!r}: the file is unsafe: it holds objects "
+                "other than tensors and plain data (a reference to a function or class that "
+                "loading would call), which could run code; checkpoints and fits written by "
+                f"pyro_dgp hold none. Loader's reason: {reason}") from None
         raise _unreadable(path, reason) from None
     except OSError as err:
         if err.filename is None:  # raised while reading the archive, not while opening it
@@ -98,13 +100,26 @@ _REFUSAL = re.compile(r"\bglobal\b|allowlist|must be imported", re.IGNORECASE)
 
 
 def _loader_reason(err: Exception) -> str:
-    """The loader's own reason, one line: the text after ``WeightsUnpickler error:`` where
-    torch wraps it in advice, else the first line of the message."""
-    text = str(err)
-    _, found, tail = text.partition("WeightsUnpickler error:")
-    lines = [line.strip() for line in (tail if found else text).splitlines() if line.strip()]
-    reason = lines[0].split(" Please use ")[0] if lines else ""
+    """The loader's own reason, one line, without torch's advice around it (which would
+    suggest loading the file unsafely): the unpickler's error that torch wrapped where there
+    is one, else the text after ``WeightsUnpickler error:``, else the message's first line
+    that is not that advice."""
+    inner = err.__cause__ or err.__context__
+    if isinstance(inner, pickle.UnpicklingError) and str(inner).strip():
+        text = str(inner)
+    else:
+        text = str(err)
+        _, found, tail = text.partition("WeightsUnpickler error:")
+        text = tail if found else text
+    lines = [line.split(" Please use ")[0].strip() for line in text.splitlines()]
+    lines = [line for line in lines if line and not _ADVICE.search(line)]
+    reason = lines[0] if lines else ""
     return f"{type(err).__name__}: {reason}" if reason else type(err).__name__
+
+
+#: torch's advice around a weights-only refusal: how to load the file anyway
+_ADVICE = re.compile(r"weights.only|trusted source|trust the source|add_safe_globals|"
+                     r"documentation of torch\.load", re.IGNORECASE)
 
 
 def _unreadable(path: Path, reason: str) -> ValueError:
