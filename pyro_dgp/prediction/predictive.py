@@ -17,7 +17,7 @@ from ..infer.draws import (
 from ..likelihoods import AnalyticObservation
 from ..likelihoods.marginal import source_of
 from ..rng import seeded
-from ..validation import check_inputs, check_positive_int
+from ..validation import as_tensor_input, check_inputs, check_positive_int
 from .mixture import MixturePredictive, check_units
 
 __all__ = ["predict"]
@@ -41,13 +41,15 @@ def predict(
 
     :param model: a :class:`~pyro_dgp.DeepGP` (anything with ``.likelihood`` and layers).
     :param guide: any guide of the library (or a completed autoguide).
-    :param X: ``(N, D)`` test inputs.
+    :param X: ``(N, D)`` test inputs (a NumPy array: taken in its dtype on the model's
+        device).
     :param batch_size: test points per pass (memory grows with S x batch x M).
     :param y_mean, y_std: report in units ``y_mean + y_std * y_model``.
     :param seed: draw the samples from this seed without touching the global random state
         (also the ``mc_seed`` of the returned predictive's sampled estimates; ``None``: 0).
     :returns: :class:`MixturePredictive` with ``.mean``, ``.variance``, ``.log_prob(y)``...
     """
+    X = as_tensor_input(X, getattr(next(iter(model.parameters()), None), "device", None))
     check_inputs(X)
     S = check_positive_int(num_samples, "num_samples")
     batch_size = check_positive_int(batch_size, "batch_size")
