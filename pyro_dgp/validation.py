@@ -77,8 +77,8 @@ def check_inputs(X, input_dim: int | None = None, label: str = "X", finite: bool
     finite unless ``finite=False`` (the finiteness check is a pass over ``X`` and a host
     sync)."""
     if not isinstance(X, torch.Tensor):
-        raise TypeError(f"{label} must be a torch.Tensor, got {type(X).__name__}: convert it "
-                        f"with torch.as_tensor({label.split()[-1]}) (a float64 array stays float64)")
+        raise TypeError(f"{label} must be a torch.Tensor, got {type(X).__name__}: convert "
+                        f"it with torch.as_tensor({label.split()[-1]}) (float64 stays float64)")
     if X.dim() < 2:
         raise ValueError(
             f"{label} must have shape (N, D) (one row per data point), got shape "
@@ -98,8 +98,8 @@ def check_inputs(X, input_dim: int | None = None, label: str = "X", finite: bool
 def check_targets(y, num_data: int, label: str = "y", binary: bool = False) -> None:
     """``y`` must be finite, with ``num_data`` rows; ``binary``: values in {0, 1}."""
     if not isinstance(y, torch.Tensor):
-        raise TypeError(f"{label} must be a torch.Tensor, got {type(y).__name__}: convert it "
-                        f"with torch.as_tensor({label.split()[-1]}) (a float64 array stays float64)")
+        raise TypeError(f"{label} must be a torch.Tensor, got {type(y).__name__}: convert "
+                        f"it with torch.as_tensor({label.split()[-1]}) (float64 stays float64)")
     if y.dim() == 0 or y.shape[0] != num_data:
         raise ValueError(
             f"{label} has {y.shape[0] if y.dim() else 0} rows but X has {num_data}: "

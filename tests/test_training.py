@@ -63,7 +63,7 @@ def test_same_seed_same_run(step):
     assert runs[0] == runs[1]
 
 
-@pytest.mark.parametrize("lr_decay", [1.0, 0.1])
+@pytest.mark.parametrize("lr_decay", [None, 1.0, 0.1])  # None: the default cosine schedule
 def test_checkpoint_resume_is_exact(step, tmp_path, lr_decay):
     X, y = step.X_train, step.y_train
     kw = dict(num_steps=20, batch_size=32, seed=5, progress=False, lr_decay=lr_decay)

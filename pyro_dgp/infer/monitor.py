@@ -157,10 +157,8 @@ class EarlyStopping:
     def evaluate(self, steps_done: int) -> bool:
         """Score the fit after ``steps_done`` steps; ``True`` when patience has run out."""
         value = float(self.score())
-        if not math.isfinite(value):
-            raise FloatingPointError(f"the validation loss is {value} after {steps_done} steps")
         self.history.append((steps_done, value))
-        if value < self.best:
+        if value < self.best:  # a NaN never is
             self.best, self.best_step, self.since_best = value, steps_done, 0
             self.best_state = {"model": _copy_state(self.model), "guide": _copy_state(self.guide)}
         else:

@@ -198,6 +198,8 @@ class Trainer:
         for name, now in (("lr", self.lr), ("batch_size", self.batches.batch_size),
                           ("seed", self.seed), ("lr_schedule", self.schedule_name),
                           ("lr_decay", self.lr_decay)):
+            if name == "lr_decay" and state.get("lr_schedule") != self.schedule_name:
+                continue  # warned as another schedule
             if name in state and state[name] != now:
                 warnings.warn(  # at the user's call of fit, as in resume
                     f"resuming with {name}={now}; the checkpoint was written with "
