@@ -32,14 +32,14 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyro
 import torch
 
 from ..rng import seeded
 
-__all__ = ["EarlyStopping", "LossMonitor", "StepInfo", "TrainingInstabilityWarning",
+__all__ = ["EarlyStopping", "LossMonitor", "StepInfo", "TrainingInstabilityWarning", "Watchers",
            "validation_loss"]
 
 
@@ -189,6 +189,39 @@ class EarlyStopping:
         self.since_best, self.best_state = int(state["since_best"]), state["best_state"]
         # a run resumed with another patience stops by its own
         self.stopped = self.since_best >= self.patience
+
+
+@dataclass
+class Watchers:
+    """What a run calls besides its steps: ``callbacks`` (each ``StepInfo -> bool | None``,
+    every ``callback_every`` steps and at the last; a true value stops the run),
+    ``early_stopping`` (or ``None``), the ``progress`` setting
+    (:class:`~pyro_dgp.infer.progress.Progress`)."""
+
+    callbacks: list = field(default_factory=list)
+    callback_every: int = 1
+    early_stopping: EarlyStopping | None = None
+    progress: bool | int = False
+
+    def after_step(self, done: int, last: bool,
+                   step_info: Callable[[float | None], StepInfo]) -> str | None:
+        """Validation and callbacks after ``done`` steps (``step_info(latest validation)``
+        builds the callbacks' record); why the run stops, or ``None``."""
+        reason, stopping = None, self.early_stopping
+        if stopping is not None and stopping.due(done, last) and stopping.evaluate(done):
+            reason = (f"early stopping: the validation loss has not improved on its best (at "
+                      f"step {stopping.best_step}) in {stopping.patience} evaluations")
+        if self.callbacks and (done % self.callback_every == 0 or last):
+            info = step_info(None if stopping is None else stopping.latest)
+            for callback in self.callbacks:
+                request = callback(info)
+                if request is not None and bool(request) and reason is None:
+                    reason = f"stopped by the callback {_name_of(callback)}"
+        return reason
+
+
+def _name_of(callback) -> str:
+    return getattr(callback, "__qualname__", None) or type(callback).__name__
 
 
 #: draws of each validation evaluation (the same draws each time: common random numbers, so

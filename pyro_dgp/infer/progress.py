@@ -4,7 +4,8 @@ with one copy of the bar per refresh.
 
 The console bar is ``tqdm.std``'s: ``tqdm.auto`` warns (``TqdmWarning: IProgress not
 found``) on import in a Jupyter kernel without ``ipywidgets``, and the kernel's output is not
-a terminal anyway.
+a terminal anyway. (``import pyro`` imports ``tqdm.auto`` itself, for its MCMC progress:
+that warning goes with ``ipywidgets`` installed in the kernel's environment.)
 """
 
 from __future__ import annotations

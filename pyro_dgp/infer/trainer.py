@@ -19,7 +19,7 @@ from .batches import Batches
 from .checkpoint import atomic_save, read_checkpoint, rng_state, set_rng_state
 from .cuda_graph import GraphedSteps, side_stream
 from .distributed import DataParallel, PeerFailedError
-from .monitor import EarlyStopping, LossMonitor, StepInfo
+from .monitor import LossMonitor, StepInfo, Watchers
 from .natgrad import NaturalGradient, NaturalStepError
 from .optim import drop_non_finite_moments, lr_factor
 from .progress import Progress
@@ -84,18 +84,6 @@ _CHANGED = {
                    "exactly",
     "lr_decay": "the run continues from its state at the new schedule's rates, not exactly",
 }
-
-
-@dataclass
-class Watchers:
-    """What a run calls besides its steps: ``callbacks`` (each ``StepInfo -> bool | None``,
-    every ``callback_every`` steps; ``True`` stops the run), ``early_stopping`` (or
-    ``None``), the ``progress`` setting (:class:`~pyro_dgp.infer.progress.Progress`)."""
-
-    callbacks: list = field(default_factory=list)
-    callback_every: int = 1
-    early_stopping: EarlyStopping | None = None
-    progress: bool | int = False
 
 
 class Trainer:
@@ -382,7 +370,8 @@ class Trainer:
                 self.monitor.update(loss)
                 # stacklevel 7: check, _run, run, _fit, fit, its error-unwrapping wrapper,
                 # the user's call
-                self.monitor.check(self.opt.param_groups[0]["lr"], stacklevel=7)
+                if self.writer:
+                    self.monitor.check(self.opt.param_groups[0]["lr"], stacklevel=7)
                 display.update(done, self.progress_label(self.monitor.smoothed))
                 reason = self.after_step(done, loss)
                 if reason is not None and done < self.num_steps:
@@ -403,23 +392,7 @@ class Trainer:
 
     def after_step(self, done: int, loss: float) -> str | None:
         """Validation and callbacks after ``done`` steps; why the run stops, or ``None``."""
-        watchers, last = self.watchers, done == self.num_steps
-        reason = None
-        stopping = watchers.early_stopping
-        if stopping is not None and stopping.due(done, last) and stopping.evaluate(done):
-            reason = (f"early stopping: the validation loss has not improved on its best (at "
-                      f"step {stopping.best_step}) in {stopping.patience} evaluations")
-        if watchers.callbacks and (done % watchers.callback_every == 0 or last):
-            info = StepInfo(step=done, loss=loss, loss_per_point=loss / self.batches.num_data,
-                            smoothed=self.monitor.smoothed, lr=self.opt.param_groups[0]["lr"],
-                            validation=None if stopping is None else stopping.latest,
-                            model=self.model, guide=self.guide)
-            for callback in watchers.callbacks:
-                request = callback(info)
-                if request is not None and bool(request) and reason is None:
-                    reason = f"stopped by the callback {_name_of(callback)}"
-        return reason
-
-
-def _name_of(callback) -> str:
-    return getattr(callback, "__qualname__", None) or type(callback).__name__
+        return self.watchers.after_step(done, done == self.num_steps, lambda validation: StepInfo(
+            step=done, loss=loss, loss_per_point=loss / self.batches.num_data,
+            smoothed=self.monitor.smoothed, lr=self.opt.param_groups[0]["lr"],
+            validation=validation, model=self.model, guide=self.guide))

@@ -1,4 +1,55 @@
-"""``fit``: stochastic variational inference with minibatches, progress, checkpoints, resume."""
+"""``fit``: stochastic variational inference with minibatches, progress, checkpoints, resume.
+
+**Data.** ``X (N, D)`` and ``y (N,)`` tensors on the model's device and dtype (labels of a
+binary likelihood may be integer or boolean: read in ``X``'s dtype); NumPy arrays in memory are
+taken as tensors of their own dtype on the model's device (float64 stays float64); a memory
+map, ``.npy`` paths or a torch dataset are read row by row, ``y`` omitted
+(:mod:`pyro_dgp.infer.batches`). A ``batch_size`` above ``N`` is warned (training is
+full-batch). The likelihood must be scaled by ``N / B``: a :class:`~pyro_dgp.DeepGP` does it
+through its ``num_data``, a hand-written model through its data plate
+(:mod:`pyro_dgp.infer.minibatch`; a model that does not is warned about).
+
+**Learning rate.** ``lr_schedule`` shapes the rate from ``lr`` at the first step to
+``lr * lr_decay`` at the last (:func:`~pyro_dgp.infer.optim.lr_factor`): ``"cosine"``,
+``"exponential"`` (``lr * lr_decay ** (t / (num_steps - 1))``), ``"constant"``, or a function
+``(step, num_steps) -> factor`` of ``lr``. The default is a cosine decay to a tenth of ``lr``:
+at a constant rate Adam's steps keep the size ``lr`` to the end, and a fit near its optimum is
+kicked out of it again and again (spikes of the loss); the decay lets it settle. ``lr_decay``
+given alone keeps the exponential schedule it has always meant. The rate is a function of the
+step only, so a resumed run follows it exactly.
+
+**Checkpoints.** ``checkpoint`` is written every ``checkpoint_every`` steps, at the end, on
+divergence and on KeyboardInterrupt; ``resume=True`` continues from it exactly (parameters,
+optimizer moments, random streams, loss history, early stopping's state).
+
+**Watching a run.** ``progress=True`` draws a bar when stderr is a terminal and otherwise
+prints a line every tenth of the run (a log file or a notebook gets no bar's redraws);
+``progress=k`` a line every ``k`` steps. ``callbacks`` are called after every
+``callback_every`` steps (and the last) with a :class:`~pyro_dgp.infer.monitor.StepInfo`
+(the step, its loss, the smoothed loss, the rate, the latest validation loss, the model and
+guide); one that returns a true value stops the run there (``FitResult.stop_reason`` names
+it; its checkpoint resumes from there). ``validation=(X_val, y_val)`` evaluates, every
+``validate_every`` steps (default: 50 times a run) and at the end, the training objective per
+point on the validation data (:func:`~pyro_dgp.infer.monitor.validation_loss`: the held-out
+expected negative log-likelihood plus ``KL / N``, from the same 8 draws each time), or
+``validation=(model, guide) -> loss`` any score (lower is better; e.g. the predictive's NLL
+``lambda m, g: -predict(m, g, X_val).log_prob(y_val).mean().item()``). After ``patience``
+evaluations without a lower one the run stops (``None``: it runs on); either way the model and
+guide end with the parameters of the best evaluation (``FitResult.best_step``,
+``validation``, ``stopped_at``). A :class:`~pyro_dgp.infer.monitor.TrainingInstabilityWarning`
+says when the smoothed loss has risen far above its best (:mod:`pyro_dgp.infer.monitor`).
+
+**Other settings.** ``final_elbo_particles``: draws of ``FitResult.final_elbo``, from their
+own seeded stream (the global random state stays as training left it). ``natural_gradient``:
+``gamma`` in ``(0, 1]`` or a schedule ``step -> gamma``
+(:func:`~pyro_dgp.infer.natgrad.warmup_gamma`) of natural-gradient steps on the guide's
+Gaussian ``q(u)``; the optimiser trains the rest, and a resumed run resumes the schedule.
+``threads``: torch's intra-op threads during the fit, restored after (``None``: on CPU by the
+problem's size, :func:`~pyro_dgp.infer.threads.threads_for`). ``distributed``: data-parallel
+over torchrun's processes (:mod:`pyro_dgp.infer.distributed`; without validation or
+callbacks). ``cuda_graph``: each step after the first replayed from a CUDA graph of the
+objective and its gradient (:mod:`pyro_dgp.infer.cuda_graph` says what it needs).
+"""
 
 from __future__ import annotations
 
@@ -29,12 +80,18 @@ from .cuda_graph import check_graph_options
 from .distributed import DataParallel, check_objective, for_fit
 from .draws import check_guide_of
 from .minibatch import check_minibatch_scale
-from .monitor import EarlyStopping, StepInfo, TrainingInstabilityWarning, validation_loss
+from .monitor import (
+    EarlyStopping,
+    StepInfo,
+    TrainingInstabilityWarning,
+    Watchers,
+    validation_loss,
+)
 from .natgrad import NaturalGradient
 from .objectives import make_objective
 from .optim import make_optimizer, parameters_of, resolve_lr_schedule, warn_if_taken_from_store
 from .threads import num_threads, step_work, threads_for
-from .trainer import FitResult, Trainer, TrainingDivergedError, Watchers
+from .trainer import FitResult, Trainer, TrainingDivergedError
 
 __all__ = ["FitResult", "StepInfo", "TrainingDivergedError", "TrainingInstabilityWarning", "fit",
            "make_objective", "make_optimizer"]
@@ -189,93 +246,52 @@ def _validation_data(model, X, validation):
 
 @user_errors_first
 def fit(
-    model, guide, X, y: torch.Tensor | None = None, *,
-    num_steps: int = 1000, batch_size: int | None = None, lr: float = 0.01,
-    objective="auto", num_particles: int = 1, seed: int | None = 0,
-    progress: bool | int = True, checkpoint: str | os.PathLike | None = None,
-    checkpoint_every: int = 500, resume: bool = False,
-    optimizer: type[torch.optim.Optimizer] = torch.optim.Adam,
+    model, guide, X, y: torch.Tensor | None = None, *, num_steps: int = 1000,
+    batch_size: int | None = None, lr: float = 0.01, objective="auto", num_particles: int = 1,
+    seed: int | None = 0, progress: bool | int = True,
+    checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 500,
+    resume: bool = False, optimizer: type[torch.optim.Optimizer] = torch.optim.Adam,
     lr_schedule: str | Callable[[int, int], float] | None = None, lr_decay: float | None = None,
-    final_elbo_particles: int = 8, threads: int | None = None,
-    natural_gradient=None, alpha: float = 0.5, num_samples: int = 10,
-    distributed: bool = False, cuda_graph: bool = False,
-    validation=None, patience: int | None = None, validate_every: int | None = None,
-    callbacks: Sequence[Callable[[StepInfo], bool | None]] | None = None,
-    callback_every: int = 1,
+    final_elbo_particles: int = 8, threads: int | None = None, natural_gradient=None,
+    alpha: float = 0.5, num_samples: int = 10, distributed: bool = False,
+    cuda_graph: bool = False, validation=None, patience: int | None = None,
+    validate_every: int | None = None,
+    callbacks: Sequence[Callable[[StepInfo], bool | None]] | None = None, callback_every: int = 1,
 ) -> FitResult:
-    """Train ``guide`` (and the model's hyperparameters) by SVI.
+    """Train ``guide`` (and the model's hyperparameters) by SVI (module docstring: more).
 
-    :param X: ``(N, D)`` inputs; :param y: ``(N,)`` targets, on the model's device and dtype
-        (labels of a binary likelihood may be integer or boolean: read in ``X``'s dtype);
-        NumPy arrays are taken as tensors of their dtype on the model's device (a float64
-        array stays float64); or data read row by row, ``y`` omitted
-        (:mod:`pyro_dgp.infer.batches`).
-    :param batch_size: minibatch size B (``None``, or ``>= N``: full batch; above ``N``:
-        warned); the likelihood must be scaled by ``N / B``: a :class:`~pyro_dgp.DeepGP`
-        does it through its ``num_data``, a hand-written model through its data plate
-        (:mod:`pyro_dgp.infer.minibatch`; a model that does not is warned about).
+    :param X: ``(N, D)`` inputs (a tensor, a NumPy array, or data read row by row);
+        :param y: ``(N,)`` targets. :param batch_size: minibatch size B (``None``: N).
     :param objective: a Pyro ELBO or a name (:func:`make_objective`); ``"alpha"``: the local
-        alpha-divergence objective (:mod:`pyro_dgp.infer.alpha`), ``alpha`` in ``(0, 1]``,
-        ``num_samples`` draws per point: a loss, not an ELBO (shown as ``loss/pt``).
+        alpha-divergence objective with ``alpha`` and ``num_samples`` (shown as ``loss/pt``).
     :param seed: seeds Pyro/torch/numpy and the minibatch stream, in ``[0, 2**32 - 1]``
         (``None``: leave as is). :param optimizer: an Optimizer class (or ``(params, lr=)``).
-    :param checkpoint: file written every ``checkpoint_every`` steps, at the end, on
-        divergence and on KeyboardInterrupt; ``resume=True`` continues from it exactly
-        (parameters, optimizer moments, random streams, loss history).
-    :param lr_schedule: the learning rate over the run, from ``lr`` at the first step to
-        ``lr * lr_decay`` at the last (:func:`~pyro_dgp.infer.optim.lr_factor`):
-        ``"cosine"`` (flat, then down, then flat), ``"exponential"``
-        (``lr * lr_decay ** (t / (num_steps - 1))``), ``"constant"``, or a function
-        ``(step, num_steps) -> factor`` of ``lr``. By default a cosine decay to a tenth of
-        ``lr``: at a constant rate Adam's steps stay of size ``lr`` to the end, and a fit that
-        has converged keeps being kicked out of its optimum (spikes of the loss); the decay
-        lets it settle. A function of the step only, so a resumed run follows it.
-    :param lr_decay: the last step's rate as a fraction of ``lr``, in ``(0, 1]`` (``None``:
-        0.1, ``"constant"``: 1); given without ``lr_schedule``, the exponential schedule.
-    :param progress: ``True``: a bar when stderr is a terminal, else a line every tenth of
-        the run (a log file or a notebook gets no bar's redraws); a number ``k``: a line every
-        ``k`` steps; ``False``: nothing.
-    :param validation: ``(X_val, y_val)``: early stopping on held-out data. Every
-        ``validate_every`` steps (default: 50 times a run) and at the end the validation loss
-        is evaluated, the training objective per point on the validation set
-        (:func:`~pyro_dgp.infer.monitor.validation_loss`: the held-out expected negative
-        log-likelihood plus ``KL / N``, from the same 8 draws each time); after ``patience``
-        evaluations without a lower one the run stops (``None``: it runs on), and the model
-        and guide get the parameters of the best evaluation back. Or a function
-        ``(model, guide) -> loss`` (lower is better), e.g. the predictive's NLL
-        ``lambda m, g: -predict(m, g, X_val).log_prob(y_val).mean().item()``.
-        ``FitResult.validation``, ``best_step``, ``stopped_at`` report it; a checkpoint keeps
-        its state (the best parameters included), so a resumed run stops as the whole run
-        would.
-    :param callbacks: functions called after every ``callback_every`` steps (and the last)
-        with a :class:`~pyro_dgp.infer.monitor.StepInfo` (the step, its loss, the smoothed
-        loss, the rate, the latest validation loss, the model and guide); one that returns a
-        true value stops the run there (``FitResult.stop_reason`` names it). A stopped run's
-        checkpoint resumes from where it stopped.
-    :param final_elbo_particles: draws of ``FitResult.final_elbo`` (0: not evaluated), from
-        their own seeded stream: the global random state stays as training left it.
-    :param natural_gradient: ``None``, or the step size ``gamma`` in ``(0, 1]`` (or a schedule
-        ``step -> gamma``, :func:`~pyro_dgp.infer.natgrad.warmup_gamma`) of natural-gradient
-        steps on the guide's Gaussian ``q(u)`` (:mod:`pyro_dgp.infer.natgrad`); the
-        optimiser trains the rest. A resumed run resumes the schedule.
-    :param threads: torch's intra-op threads during the fit (restored after); ``None``: on
-        CPU by the problem's size (:func:`pyro_dgp.infer.threads.threads_for`: one thread for
-        small problems, where more only spin), on other devices as is.
-    :param distributed: data-parallel over torchrun's processes (:mod:`pyro_dgp.infer.distributed`).
-    :param cuda_graph: on a GPU, replay each step after the first from a CUDA graph of the
-        objective and its gradient: the same computation and draws, launched at once
-        (:mod:`pyro_dgp.infer.cuda_graph`, which says what it needs).
-    :raises TrainingDivergedError: on a NaN/inf loss or a Cholesky failure (parameters gone
-        non-finite), after restoring the last good parameters and writing the checkpoint.
-    :warns TrainingInstabilityWarning: when the smoothed loss rises far above its best
-        (:mod:`pyro_dgp.infer.monitor` says how far), once a run.
+    :param checkpoint: file written every ``checkpoint_every`` steps, at the end, on divergence
+        and on KeyboardInterrupt; ``resume=True`` continues from it exactly.
+    :param lr_schedule: ``"cosine"`` (default), ``"exponential"``, ``"constant"`` or
+        ``(step, num_steps) -> factor``; :param lr_decay: the last step's rate over ``lr``.
+    :param progress: a bar on a terminal, else a line every tenth of the run; ``k``: a line
+        every ``k`` steps; ``False``: nothing.
+    :param validation: ``(X_val, y_val)`` or ``(model, guide) -> loss``: early stopping after
+        ``patience`` evaluations (every ``validate_every`` steps) without a better one, the
+        best parameters restored. :param callbacks: functions of a
+        :class:`~pyro_dgp.infer.monitor.StepInfo`, every ``callback_every`` steps; a true
+        return value stops the run.
+    :param final_elbo_particles: draws of ``FitResult.final_elbo`` (0: not evaluated).
+    :param natural_gradient: ``None``, or the step size ``gamma`` (or a schedule) of
+        natural-gradient steps on the guide's Gaussian ``q(u)`` (:mod:`.natgrad`).
+    :param threads: torch's intra-op threads during the fit (``None``: by the problem's size).
+    :param distributed: data-parallel (:mod:`.distributed`). :param cuda_graph: on a GPU,
+        replay each step from a CUDA graph (:mod:`.cuda_graph`).
+    :raises TrainingDivergedError: on a NaN/inf loss or a Cholesky failure, after restoring
+        the last good parameters and writing the checkpoint.
+    :warns TrainingInstabilityWarning: the smoothed loss rose far above its best (once a run).
     """
     _check_options(lr, lr_decay, num_particles, seed, optimizer, final_elbo_particles, threads)
     schedule = resolve_lr_schedule(lr_schedule, lr_decay)
     X, y, N, B = _check_arguments(model, X, y, num_steps, batch_size, checkpoint_every)
-    validation, patience, validate_every, callbacks, callback_every = _check_watchers(
-        model, X, validation, patience, validate_every, callbacks, callback_every, progress,
-        num_steps, distributed)
+    watch = _check_watchers(model, X, validation, patience, validate_every, callbacks,
+                            callback_every, progress, num_steps, distributed)
     check_guide_of(model, guide, "fit")
     if cuda_graph:
         check_graph_options(X.device if isinstance(X, torch.Tensor) else
@@ -288,12 +304,12 @@ def fit(
                     resume=resume, optimizer=optimizer, schedule=schedule, alpha=alpha,
                     final_elbo_particles=final_elbo_particles, num_samples=num_samples,
                     natural_gradient=natural_gradient, cuda_graph=cuda_graph,
-                    watchers=(validation, patience, validate_every, callbacks, callback_every))
+                    watchers=watch)
 
 
 def _watchers(model, guide, elbo, batches: Batches, seed, progress, validation, patience,
               validate_every, callbacks, callback_every) -> Watchers:
-    """What the run calls besides its steps (:class:`~pyro_dgp.infer.trainer.Watchers`)."""
+    """What the run calls besides its steps (:class:`~pyro_dgp.infer.monitor.Watchers`)."""
     stopping = None
     if validation is not None:
         if callable(validation):
