@@ -2,14 +2,15 @@
 rises far above its best, the user's callbacks, and early stopping on a validation set.
 
 **Smoothed loss.** With ``x_t = loss_t / N`` the per-point loss of step ``t``, an exponential
-moving average with the bias correction of Kingma and Ba 2015 (``beta = 0.98``, a memory of
-about 50 steps)::
+moving average started at the first step's loss (``beta = 0.98``, a memory of about 50
+steps: a few steps that go up from a poor start move it little)::
 
-    m_t = beta m_{t-1} + (1 - beta) x_t,        ema_t = m_t / (1 - beta^t),
+    ema_1 = x_1,        ema_t = beta ema_{t-1} + (1 - beta) x_t,
 
 and, as the noise of the per-step loss about it, the same average of the squared residuals
-``(x_t - ema_{t-1})^2``, whose root is ``sd_t``. The *best* is the lowest ``ema_t``. The loss
-has risen *far* above it when::
+``(x_t - ema_{t-1})^2`` with the bias correction of Kingma and Ba 2015 (divided by
+``1 - beta^(t-1)``), whose root is ``sd_t``. The *best* is the lowest ``ema_t``. The loss has
+risen *far* above it when::
 
     ema_t - best > max(RISE_PER_POINT, RISE_IN_NOISE * sd_best)
 
@@ -67,23 +68,26 @@ class LossMonitor:
 
     @property
     def smoothed(self) -> float:
-        """``ema_t``, the bias-corrected average of the per-point loss (``nan`` before any)."""
-        return self.mean / (1 - BETA ** self.steps) if self.steps else math.nan
+        """``ema_t``, the smoothed per-point loss (``nan`` before any step)."""
+        return self.mean if self.steps else math.nan
 
     @property
     def noise(self) -> float:
         """``sd_t``, the smoothed root mean square of the per-step residuals."""
-        return math.sqrt(self.square / (1 - BETA ** self.steps)) if self.steps else 0.0
+        residuals = self.steps - 1
+        return math.sqrt(self.square / (1 - BETA ** residuals)) if residuals else 0.0
 
     def update(self, loss: float) -> None:
         """Take in one step's loss (full-data scale)."""
         x = loss / self.num_data
-        residual = x - self.smoothed if self.steps else 0.0
+        if self.steps:
+            self.square = BETA * self.square + (1 - BETA) * (x - self.mean) ** 2
+            self.mean = BETA * self.mean + (1 - BETA) * x
+        else:
+            self.mean = x
         self.steps += 1
-        self.mean = BETA * self.mean + (1 - BETA) * x
-        self.square = BETA * self.square + (1 - BETA) * residual ** 2
-        if self.smoothed < self.best:
-            self.best, self.best_step, self.best_noise = self.smoothed, self.steps, self.noise
+        if self.mean < self.best:
+            self.best, self.best_step, self.best_noise = self.mean, self.steps, self.noise
 
     def rise(self) -> float:
         """How far the smoothed loss is above its best, per point."""

@@ -6,10 +6,11 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DEFAULT_LR_DECAY", "LR_SCHEDULES", "drop_non_finite_moments", "lr_factor",
+__all__ = ["DEFAULT_LR_DECAY", "LR_SCHEDULES", "LRSchedule", "drop_non_finite_moments", "lr_factor",
            "make_optimizer", "parameters_of", "resolve_lr_schedule", "warn_if_taken_from_store"]
 
 #: the named shapes of ``fit``'s learning rate over a run (``lr_schedule``)
@@ -19,8 +20,30 @@ LR_SCHEDULES = ("cosine", "exponential", "constant")
 DEFAULT_LR_DECAY = 0.1
 
 
-def resolve_lr_schedule(lr_schedule, lr_decay) -> tuple[str | Callable, float]:
-    """``(schedule, decay)`` from ``fit``'s ``lr_schedule`` and ``lr_decay`` (each ``None``
+@dataclass(frozen=True)
+class LRSchedule:
+    """The learning rate over a run as a factor of ``lr``: a named ``shape`` down to ``decay``
+    at the last step, or a function (:func:`lr_factor`)."""
+
+    shape: str | Callable
+    decay: float = 1.0
+
+    def factor(self, step: int, num_steps: int) -> float:
+        return lr_factor(self.shape, self.decay, step, num_steps)
+
+    @property
+    def name(self) -> str | None:
+        """The shape's name, as a checkpoint records it (``None``: a function)."""
+        return self.shape if isinstance(self.shape, str) else None
+
+    @property
+    def decays(self) -> bool:
+        """Whether the rate depends on ``num_steps`` (a decay, or a function)."""
+        return callable(self.shape) or (self.shape != "constant" and self.decay != 1)
+
+
+def resolve_lr_schedule(lr_schedule, lr_decay) -> LRSchedule:
+    """The :class:`LRSchedule` of ``fit``'s ``lr_schedule`` and ``lr_decay`` (each ``None``
     when not given; ``lr_decay`` already checked in ``(0, 1]``): neither given, a cosine
     decay to :data:`DEFAULT_LR_DECAY`; ``lr_decay`` alone, the exponential decay it has
     always meant; a named schedule alone, to :data:`DEFAULT_LR_DECAY` (``"constant"``: 1).
@@ -30,12 +53,13 @@ def resolve_lr_schedule(lr_schedule, lr_decay) -> tuple[str | Callable, float]:
     :raises TypeError: an ``lr_schedule`` neither a name nor a function.
     """
     if lr_schedule is None:
-        return ("cosine", DEFAULT_LR_DECAY) if lr_decay is None else ("exponential", lr_decay)
+        return LRSchedule("cosine", DEFAULT_LR_DECAY) if lr_decay is None else LRSchedule(
+            "exponential", float(lr_decay))
     if callable(lr_schedule):
         if lr_decay is not None:
             raise ValueError("lr_decay shapes a named lr_schedule; a function lr_schedule "
                              "gives the whole schedule: leave lr_decay out")
-        return lr_schedule, 1.0
+        return LRSchedule(lr_schedule)
     if not isinstance(lr_schedule, str):
         raise TypeError(f"lr_schedule must be one of {LR_SCHEDULES} or a function (step, "
                         f"num_steps) -> factor of lr, got {lr_schedule!r} (of type "
@@ -48,8 +72,8 @@ def resolve_lr_schedule(lr_schedule, lr_decay) -> tuple[str | Callable, float]:
             raise ValueError(f"lr_schedule='constant' keeps lr at every step; lr_decay="
                              f"{lr_decay} would decay it: leave lr_decay out, or pick "
                              "'cosine' or 'exponential'")
-        return "constant", 1.0
-    return lr_schedule, DEFAULT_LR_DECAY if lr_decay is None else float(lr_decay)
+        return LRSchedule("constant")
+    return LRSchedule(lr_schedule, DEFAULT_LR_DECAY if lr_decay is None else float(lr_decay))
 
 
 def lr_factor(schedule: str | Callable, decay: float, step: int, num_steps: int) -> float:

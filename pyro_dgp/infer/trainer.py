@@ -21,7 +21,7 @@ from .cuda_graph import GraphedSteps, side_stream
 from .distributed import DataParallel, PeerFailedError
 from .monitor import LossMonitor, StepInfo, Watchers
 from .natgrad import NaturalGradient, NaturalStepError
-from .optim import drop_non_finite_moments, lr_factor
+from .optim import LRSchedule, drop_non_finite_moments
 from .progress import Progress
 
 __all__ = ["FitResult", "Trainer", "TrainingDivergedError"]
@@ -83,6 +83,8 @@ _CHANGED = {
     "lr_schedule": "the run continues from its state at the new schedule's rates, not "
                    "exactly",
     "lr_decay": "the run continues from its state at the new schedule's rates, not exactly",
+    "num_steps": "the learning-rate schedule, a function of the step and of num_steps, goes on "
+                 "at the rates of the new length, not as the run before would have",
 }
 
 
@@ -91,16 +93,14 @@ class Trainer:
     file, and its steps."""
 
     def __init__(self, model, guide, elbo, batches: Batches, opt, params, generator, lr,
-                 schedule, num_steps, path, natural: NaturalGradient | None = None,
+                 schedule: LRSchedule, num_steps, path, natural: NaturalGradient | None = None,
                  parallel: DataParallel | None = None, seed: int = 0, cuda_graph: bool = False,
                  watchers: Watchers | None = None):
         self.model, self.guide, self.elbo, self.batches = model, guide, elbo, batches
         self.device = batches.device
         self.opt, self.params, self.generator = opt, params, generator
-        # schedule: (shape, decay) of optim.lr_factor; each group's rate is its own rate at
-        # construction times the factor of the step
-        self.lr, self.num_steps, self.path = lr, num_steps, path
-        self.schedule, self.lr_decay = schedule
+        # each group's rate: its own rate at construction times the schedule's factor
+        self.lr, self.schedule, self.num_steps, self.path = lr, schedule, num_steps, path
         self.base_lrs = [group["lr"] for group in opt.param_groups]
         self.watchers = watchers if watchers is not None else Watchers()
         self.monitor = LossMonitor(batches.num_data)
@@ -184,19 +184,16 @@ class Trainer:
         if not self.writer:
             return
         for name, now in (("lr", self.lr), ("batch_size", self.batches.batch_size),
-                          ("seed", self.seed), ("lr_schedule", self.schedule_name),
-                          ("lr_decay", self.lr_decay)):
-            if name == "lr_decay" and state.get("lr_schedule") != self.schedule_name:
+                          ("seed", self.seed), ("lr_schedule", self.schedule.name),
+                          ("lr_decay", self.schedule.decay), ("num_steps", self.num_steps)):
+            if name == "lr_decay" and state.get("lr_schedule") != self.schedule.name:
                 continue  # warned as another schedule
+            if name == "num_steps" and not self.schedule.decays:
+                continue  # the rate does not depend on it
             if name in state and state[name] != now:
                 warnings.warn(  # at the user's call of fit, as in resume
                     f"resuming with {name}={now}; the checkpoint was written with "
                     f"{name}={state[name]}: {_CHANGED[name]}", UserWarning, stacklevel=6)
-
-    @property
-    def schedule_name(self) -> str | None:
-        """The schedule's name, as the checkpoint records it (``None``: a function)."""
-        return self.schedule if isinstance(self.schedule, str) else None
 
     def save(self, step: int, rng: dict | None = None) -> None:
         """Checkpoint at the start of ``step``; ``rng``: the random state there, if the
@@ -211,8 +208,9 @@ class Trainer:
             "rng": rng if rng is not None else rng_state(self.generator, self.device),
             "losses": self.result.losses,
             "lr": self.lr,
-            "lr_schedule": self.schedule_name,
-            "lr_decay": self.lr_decay,
+            "lr_schedule": self.schedule.name,
+            "lr_decay": self.schedule.decay,
+            "num_steps": self.num_steps,
             "warned_unstable": self.monitor.warned,
             "early_stopping": (None if self.watchers.early_stopping is None else
                                self.watchers.early_stopping.state_dict()),
@@ -296,7 +294,7 @@ class Trainer:
 
     def step(self, step: int, step_rng) -> float:
         args = self.batches.draw(self.generator)
-        factor = lr_factor(self.schedule, self.lr_decay, step, self.num_steps)
+        factor = self.schedule.factor(step, self.num_steps)
         for group, lr in zip(self.opt.param_groups, self.base_lrs, strict=True):
             group["lr"] = lr * factor
         if self.graph is not None and step > self.start:
