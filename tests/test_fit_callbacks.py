@@ -152,6 +152,10 @@ def test_the_validation_loss_is_the_objective_per_point_on_held_out_data(step):
     elbo = dgp.elbo(model, guide, X, y, num_particles=1).value
     assert result.best_validation == pytest.approx(-elbo / len(y), rel=1e-10)
     assert result.final_elbo == pytest.approx(elbo, rel=1e-10)
+    model, guide = _small(step, layers=1)  # NumPy validation data: the same scores
+    arrays = dgp.fit(model, guide, X, y, num_steps=20, validation=(X.numpy(), y.numpy()),
+                     validate_every=5, **QUIET)
+    assert arrays.validation == result.validation
     # more validation rows than training rows: evaluated in chunks of at most N, the same mean
     X2, y2 = torch.cat([X, X]), torch.cat([y, y])
     objective = dgp.infer.make_objective("auto", guide)
@@ -260,8 +264,7 @@ def test_numpy_arrays_train_and_predict_as_their_float64_tensors(step):
     from_tensors = dgp.fit(model, guide, X, y, num_steps=5, batch_size=20, seed=1, **QUIET)
     model, guide = _small(step)
     from_arrays = dgp.fit(model, guide, X.numpy(), y.numpy(), num_steps=5, batch_size=20,
-                          seed=1, validation=(step.X_test.numpy(), step.y_test.numpy()),
-                          **QUIET)
+                          seed=1, **QUIET)
     assert from_arrays.losses == from_tensors.losses
     pred = dgp.predict(model, guide, step.X_test.numpy(), num_samples=4, seed=0)
     assert pred.mean.dtype == torch.float64
