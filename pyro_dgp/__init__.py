@@ -19,7 +19,15 @@ from .diagnostics import (
 )
 from .gp import AmortizedGPLayer, DeepGP, GPLayer
 from .guides import complete, inducing_only
-from .infer import FitResult, TrainingDivergedError, fit, importance, importance_weights
+from .infer import (
+    FitResult,
+    StepInfo,
+    TrainingDivergedError,
+    TrainingInstabilityWarning,
+    fit,
+    importance,
+    importance_weights,
+)
 from .infer import evaluate_elbo as elbo
 from .infer.amortized import AmortizedELBO
 from .linalg import CholeskyError, NumericalWarning
@@ -47,7 +55,9 @@ __all__ = [
     "GPLayer",
     "MixturePredictive",
     "NumericalWarning",
+    "StepInfo",
     "TrainingDivergedError",
+    "TrainingInstabilityWarning",
     "complete",
     "datasets",
     "fit",

@@ -10,6 +10,7 @@ import torch
 
 __all__ = [
     "FLOAT_DTYPES",
+    "as_tensor_input",
     "binary_labels",
     "check_bool",
     "check_dtype",
@@ -63,12 +64,21 @@ def check_finite(t: torch.Tensor, label: str) -> None:
         raise ValueError(f"{label} contains {n} NaN or inf value(s)")
 
 
+def as_tensor_input(a, device=None):
+    """A NumPy array as a tensor of its own dtype (float64 stays float64) on ``device``;
+    anything else unchanged (for the checks that follow to name)."""
+    if isinstance(a, np.ndarray):
+        return torch.as_tensor(a, device=device)
+    return a
+
+
 def check_inputs(X, input_dim: int | None = None, label: str = "X", finite: bool = True) -> None:
     """``X`` must be a float32 or float64 tensor of shape ``(..., N, D)`` with ``N >= 1``, and
     finite unless ``finite=False`` (the finiteness check is a pass over ``X`` and a host
     sync)."""
     if not isinstance(X, torch.Tensor):
-        raise TypeError(f"{label} must be a torch.Tensor, got {type(X).__name__}")
+        raise TypeError(f"{label} must be a torch.Tensor, got {type(X).__name__}: convert "
+                        f"it with torch.as_tensor({label.split()[-1]}) (float64 stays float64)")
     if X.dim() < 2:
         raise ValueError(
             f"{label} must have shape (N, D) (one row per data point), got shape "
@@ -88,7 +98,8 @@ def check_inputs(X, input_dim: int | None = None, label: str = "X", finite: bool
 def check_targets(y, num_data: int, label: str = "y", binary: bool = False) -> None:
     """``y`` must be finite, with ``num_data`` rows; ``binary``: values in {0, 1}."""
     if not isinstance(y, torch.Tensor):
-        raise TypeError(f"{label} must be a torch.Tensor, got {type(y).__name__}")
+        raise TypeError(f"{label} must be a torch.Tensor, got {type(y).__name__}: convert "
+                        f"it with torch.as_tensor({label.split()[-1]}) (float64 stays float64)")
     if y.dim() == 0 or y.shape[0] != num_data:
         raise ValueError(
             f"{label} has {y.shape[0] if y.dim() else 0} rows but X has {num_data}: "

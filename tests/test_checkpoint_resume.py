@@ -20,8 +20,10 @@ def _run(data, ckpt, n=None, **kwargs):
     X, y = data.X_train[:n], data.y_train[:n]
     model = dgp.DeepGP.regression(X, y, num_layers=1, num_inducing=5)
     guide = dgp.guides.MeanField(model)
+    # a constant rate: a checkpoint of 4 steps resumes to 6 as their continuation (a decaying
+    # schedule depends on num_steps: test_another_length_under_a_decaying_schedule_is_warned)
     kw = dict(num_steps=6, batch_size=16, seed=1, progress=False, final_elbo_particles=0,
-              checkpoint=ckpt)
+              checkpoint=ckpt, lr_schedule="constant")
     return dgp.fit(model, guide, X, y, **{**kw, **kwargs})
 
 
@@ -82,10 +84,23 @@ def test_other_data_is_refused_naming_both_sizes(data, ckpt):
 def test_a_checkpoint_without_the_settings_still_resumes(data, ckpt):
     state = torch.load(ckpt, weights_only=True)
     assert (state["num_data"], state["batch_size"], state["seed"]) == (40, 16, 1)
-    for key in ("num_data", "batch_size", "seed"):
+    for key in ("num_data", "batch_size", "seed", "lr_schedule", "lr_decay", "num_steps"):
         del state[key]
     torch.save(state, ckpt)
     result, caught = _resume_warnings(data, ckpt, n=30, batch_size=8, seed=2)
+    assert result.resumed_from == 4 and not caught
+
+
+def test_another_length_under_a_decaying_schedule_is_warned(data, tmp_path):
+    path = tmp_path / "cosine.pt"
+    _run(data, path, num_steps=4, lr_schedule=None)
+    result, caught = _resume_warnings(data, path, lr_schedule=None)
+    assert result.resumed_from == 4 and len(caught) == 1
+    message = str(caught[0].message)
+    assert "num_steps=6" in message and "written with num_steps=4" in message
+    assert caught[0].filename == __file__
+    _run(data, path, num_steps=4, lr_schedule=None)  # the same length: no warning
+    result, caught = _resume_warnings(data, path, num_steps=4, lr_schedule=None)
     assert result.resumed_from == 4 and not caught
 
 
@@ -107,8 +122,8 @@ def test_a_checkpoint_of_another_model_or_guide_is_named(data, ckpt):
     with pytest.raises(ValueError, match="holds another model than this run's DeepGP .*size "
                                          "mismatch"):
         dgp.fit(model, dgp.guides.MeanField(model), X, y, num_steps=6, batch_size=16, seed=1,
-                progress=False, checkpoint=ckpt, resume=True)
+                progress=False, checkpoint=ckpt, resume=True, lr_schedule="constant")
     model = dgp.DeepGP.regression(X, y, num_layers=1, num_inducing=5)
     with pytest.raises(ValueError, match="holds another guide than this run's Coupled"):
         dgp.fit(model, dgp.guides.Coupled(model), X, y, num_steps=6, batch_size=16, seed=1,
-                progress=False, checkpoint=ckpt, resume=True)
+                progress=False, checkpoint=ckpt, resume=True, lr_schedule="constant")

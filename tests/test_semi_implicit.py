@@ -494,7 +494,7 @@ def test_ssivi_trains_stably_on_a_uci_sized_problem():
     model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=100, seed=0)
     guide = dgp.guides.SemiImplicit(model)
     res = dgp.fit(model, guide, X, y, num_steps=150, lr=0.01, seed=0, progress=False,
-                  final_elbo_particles=0)
+                  final_elbo_particles=0, lr_schedule="constant")  # measured at this rate
     losses = torch.tensor(res.losses)
     assert torch.isfinite(losses).all()
     assert losses[-10:].mean() < 0.5 * losses[:10].mean(), (losses[:10], losses[-10:])

@@ -63,7 +63,7 @@ def test_same_seed_same_run(step):
     assert runs[0] == runs[1]
 
 
-@pytest.mark.parametrize("lr_decay", [1.0, 0.1])
+@pytest.mark.parametrize("lr_decay", [None, 1.0, 0.1])  # None: the default cosine schedule
 def test_checkpoint_resume_is_exact(step, tmp_path, lr_decay):
     X, y = step.X_train, step.y_train
     kw = dict(num_steps=20, batch_size=32, seed=5, progress=False, lr_decay=lr_decay)
@@ -108,7 +108,8 @@ class _FailingELBO(Trace_ELBO):
 @pytest.mark.filterwarnings("ignore:Encountered NaN")
 @pytest.mark.parametrize("failure", ["nan", "cholesky"])
 def test_nan_guard_stops_and_restores_the_last_good_state(step, tmp_path, failure):
-    """A NaN loss, or the Cholesky failure that non-finite parameters cause first."""
+    """A NaN loss, or the Cholesky failure that non-finite parameters cause first (at a
+    constant rate: a run of 3 steps then takes the same steps as the first 3 of 10)."""
     X, y = step.X_train, step.y_train
     model, guide = _small(step)
     # the loss turns NaN at step 4 (the ELBO's 5th call): the last parameters with a finite
@@ -116,12 +117,13 @@ def test_nan_guard_stops_and_restores_the_last_good_state(step, tmp_path, failur
     exc = None if failure == "nan" else CholeskyError("layer 'layer1': K contains NaN or inf")
     with pytest.raises(dgp.TrainingDivergedError, match="at step 4") as info:
         dgp.fit(model, guide, X, y, num_steps=10, seed=1, progress=False,
-                objective=_FailingELBO(at=5, exc=exc), checkpoint=tmp_path / "c.pt")
+                objective=_FailingELBO(at=5, exc=exc), checkpoint=tmp_path / "c.pt",
+                lr_schedule="constant")
     if exc is not None:
         assert info.value.__cause__ is exc and "layer 'layer1'" in str(info.value)
     model_ref, guide_ref = _small(step)
     dgp.fit(model_ref, guide_ref, X, y, num_steps=3, seed=1, progress=False,
-            objective=Trace_ELBO(max_plate_nesting=1))
+            objective=Trace_ELBO(max_plate_nesting=1), lr_schedule="constant")
     good, state = _state(model_ref, guide_ref), _state(model, guide)
     for k in good:
         assert torch.equal(state[k], good[k]), k
@@ -146,7 +148,7 @@ def test_resume_after_divergence_takes_the_new_learning_rate(step, tmp_path):
     model, guide = _small(step)
     with pytest.raises(dgp.TrainingDivergedError):
         dgp.fit(model, guide, X, y, num_steps=10, seed=1, lr=0.5, progress=False,
-                objective=_FailingELBO(at=5), checkpoint=ckpt)
+                objective=_FailingELBO(at=5), checkpoint=ckpt, lr_schedule="constant")
     model, guide = _small(step)
     seen = []
 
@@ -157,7 +159,7 @@ def test_resume_after_divergence_takes_the_new_learning_rate(step, tmp_path):
 
     with pytest.warns(UserWarning, match="checkpoint was written with lr=0.5"):
         r = dgp.fit(model, guide, X, y, num_steps=10, seed=1, lr=0.01, progress=False,
-                    checkpoint=ckpt, resume=True, optimizer=_RecordLR)
+                    checkpoint=ckpt, resume=True, optimizer=_RecordLR, lr_schedule="constant")
     assert r.resumed_from == 4 and seen == [0.01] * 6
 
 

@@ -4,14 +4,16 @@ from .checkpoint import load_fit, save_fit
 from .elbo import AnalyticKL_ELBO
 from .importance import RenyiELBO, importance_weights
 from .objectives import ELBOEstimate, evaluate_elbo, make_objective
-from .training import FitResult, TrainingDivergedError, fit
+from .training import FitResult, StepInfo, TrainingDivergedError, TrainingInstabilityWarning, fit
 
 __all__ = [
     "AnalyticKL_ELBO",
     "ELBOEstimate",
     "FitResult",
     "RenyiELBO",
+    "StepInfo",
     "TrainingDivergedError",
+    "TrainingInstabilityWarning",
     "evaluate_elbo",
     "fit",
     "importance_weights",

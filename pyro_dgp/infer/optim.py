@@ -3,11 +3,105 @@ its moments after a divergence."""
 
 from __future__ import annotations
 
+import math
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-__all__ = ["drop_non_finite_moments", "make_optimizer", "parameters_of", "warn_if_taken_from_store"]
+__all__ = ["DEFAULT_LR_DECAY", "LR_SCHEDULES", "LRSchedule", "drop_non_finite_moments", "lr_factor",
+           "make_optimizer", "parameters_of", "resolve_lr_schedule", "warn_if_taken_from_store"]
+
+#: the named shapes of ``fit``'s learning rate over a run (``lr_schedule``)
+LR_SCHEDULES = ("cosine", "exponential", "constant")
+
+#: the last step's learning rate as a fraction of ``lr`` when ``lr_decay`` is not given
+DEFAULT_LR_DECAY = 0.1
+
+
+@dataclass(frozen=True)
+class LRSchedule:
+    """The learning rate over a run as a factor of ``lr``: a named ``shape`` down to ``decay``
+    at the last step, or a function (:func:`lr_factor`)."""
+
+    shape: str | Callable
+    decay: float = 1.0
+
+    def factor(self, step: int, num_steps: int) -> float:
+        return lr_factor(self.shape, self.decay, step, num_steps)
+
+    @property
+    def name(self) -> str | None:
+        """The shape's name, as a checkpoint records it (``None``: a function)."""
+        return self.shape if isinstance(self.shape, str) else None
+
+    @property
+    def decays(self) -> bool:
+        """Whether the rate depends on ``num_steps`` (a decay, or a function)."""
+        return callable(self.shape) or (self.shape != "constant" and self.decay != 1)
+
+
+def resolve_lr_schedule(lr_schedule, lr_decay) -> LRSchedule:
+    """The :class:`LRSchedule` of ``fit``'s ``lr_schedule`` and ``lr_decay`` (each ``None``
+    when not given; ``lr_decay`` already checked in ``(0, 1]``): neither given, a cosine
+    decay to :data:`DEFAULT_LR_DECAY`; ``lr_decay`` alone, the exponential decay it has
+    always meant; a named schedule alone, to :data:`DEFAULT_LR_DECAY` (``"constant"``: 1).
+
+    :raises ValueError: an unknown name, or ``lr_decay`` beside a schedule it cannot shape
+        (``"constant"``, or a function).
+    :raises TypeError: an ``lr_schedule`` neither a name nor a function.
+    """
+    if lr_schedule is None:
+        return LRSchedule("cosine", DEFAULT_LR_DECAY) if lr_decay is None else LRSchedule(
+            "exponential", float(lr_decay))
+    if callable(lr_schedule):
+        if lr_decay is not None:
+            raise ValueError("lr_decay shapes a named lr_schedule; a function lr_schedule "
+                             "gives the whole schedule: leave lr_decay out")
+        return LRSchedule(lr_schedule)
+    if not isinstance(lr_schedule, str):
+        raise TypeError(f"lr_schedule must be one of {LR_SCHEDULES} or a function (step, "
+                        f"num_steps) -> factor of lr, got {lr_schedule!r} (of type "
+                        f"{type(lr_schedule).__name__})")
+    if lr_schedule not in LR_SCHEDULES:
+        raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES} or a function (step, "
+                         f"num_steps) -> factor of lr, got {lr_schedule!r}")
+    if lr_schedule == "constant":
+        if lr_decay not in (None, 1):
+            raise ValueError(f"lr_schedule='constant' keeps lr at every step; lr_decay="
+                             f"{lr_decay} would decay it: leave lr_decay out, or pick "
+                             "'cosine' or 'exponential'")
+        return LRSchedule("constant")
+    return LRSchedule(lr_schedule, DEFAULT_LR_DECAY if lr_decay is None else float(lr_decay))
+
+
+def lr_factor(schedule: str | Callable, decay: float, step: int, num_steps: int) -> float:
+    """``lr_t / lr`` at ``step`` t of ``num_steps`` T, a function of the step only (a resumed
+    run follows the schedule exactly), with ``p = t / (T - 1)`` and ``d = decay``:
+
+    - ``"cosine"``: ``d + (1 - d) (1 + cos(pi p)) / 2`` (Loshchilov and Hutter 2017, without
+      restarts): near ``lr`` for the first third, then down to ``d lr``, flat at both ends;
+    - ``"exponential"``: ``d ** p``; ``"constant"``: 1;
+    - a function: ``schedule(t, T)``, which must be positive and finite.
+    """
+    if callable(schedule):
+        factor = schedule(step, num_steps)
+        try:
+            value = float(factor)
+        except (TypeError, ValueError):
+            raise TypeError(f"lr_schedule({step}, {num_steps}) returned {factor!r}; it must "
+                            "return a number, the factor of lr at that step") from None
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"lr_schedule({step}, {num_steps}) returned {value}; the factor "
+                             "of lr must be positive and finite")
+        return value
+    if schedule == "constant" or decay == 1:
+        return 1.0
+    progress = step / max(num_steps - 1, 1)
+    if schedule == "exponential":
+        return decay ** progress
+    return decay + (1 - decay) * (1 + math.cos(math.pi * progress)) / 2
 
 
 def parameters_of(*modules) -> list[torch.nn.Parameter]:

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 import pyro
 import torch
 from pyro.infer.util import is_validation_enabled
-from tqdm.auto import tqdm
 
 from ..linalg import CholeskyError
 from .alpha import LocalAlpha
@@ -20,8 +19,10 @@ from .batches import Batches
 from .checkpoint import atomic_save, read_checkpoint, rng_state, set_rng_state
 from .cuda_graph import GraphedSteps, side_stream
 from .distributed import DataParallel, PeerFailedError
+from .monitor import LossMonitor, StepInfo, Watchers
 from .natgrad import NaturalGradient, NaturalStepError
-from .optim import drop_non_finite_moments
+from .optim import LRSchedule, drop_non_finite_moments
+from .progress import Progress
 
 __all__ = ["FitResult", "Trainer", "TrainingDivergedError"]
 
@@ -40,7 +41,13 @@ class FitResult:
     ``final_elbo_stderr`` its Monte Carlo standard error; ``seconds`` the wall time of the
     run's steps, those of the calls it resumed included; ``graph_steps`` how many steps of
     this call (not of those it resumed) were replays of a CUDA graph
-    (``fit(cuda_graph=True)``)."""
+    (``fit(cuda_graph=True)``).
+
+    With early stopping or a callback's stop, ``stopped_at`` is the number of steps the run
+    took (``None``: all ``num_steps``) and ``stop_reason`` says why. With validation data,
+    ``validation`` holds ``(steps done, validation loss per point)`` of every evaluation,
+    ``best_step`` the steps done at the best one, whose parameters the model and guide hold
+    at the end, and ``best_validation`` its loss."""
 
     losses: list[float] = field(default_factory=list)
     num_steps: int = 0
@@ -49,12 +56,21 @@ class FitResult:
     final_elbo: float = math.nan
     final_elbo_stderr: float = math.nan
     graph_steps: int = 0
+    stopped_at: int | None = None
+    stop_reason: str | None = None
+    validation: list[tuple[int, float]] = field(default_factory=list)
+    best_step: int | None = None
+    best_validation: float = math.nan
 
     def __repr__(self) -> str:
         last = f"{self.losses[-1]:.4g}" if self.losses else "none"
+        extra = "" if self.stopped_at is None else (
+            f", stopped_at={self.stopped_at} ({self.stop_reason})")
+        if self.best_step is not None:
+            extra += f", best_step={self.best_step} (validation {self.best_validation:.4g})"
         return (f"FitResult(num_steps={self.num_steps}, final_elbo={self.final_elbo:.6g} "
                 f"(se {self.final_elbo_stderr:.2g}), last loss={last}, "
-                f"seconds={self.seconds:.1f}, resumed_from={self.resumed_from})")
+                f"seconds={self.seconds:.1f}, resumed_from={self.resumed_from}{extra})")
 
 
 #: what a changed setting does to a resumed run (Trainer.check_resumable)
@@ -64,6 +80,11 @@ _CHANGED = {
                   "exactly",
     "seed": "the random streams carry on from the checkpoint (those of its seed), so the run "
             "is not the one the new seed gives",
+    "lr_schedule": "the run continues from its state at the new schedule's rates, not "
+                   "exactly",
+    "lr_decay": "the run continues from its state at the new schedule's rates, not exactly",
+    "num_steps": "the learning-rate schedule, a function of the step and of num_steps, goes on "
+                 "at the rates of the new length, not as the run before would have",
 }
 
 
@@ -72,12 +93,17 @@ class Trainer:
     file, and its steps."""
 
     def __init__(self, model, guide, elbo, batches: Batches, opt, params, generator, lr,
-                 lr_decay, num_steps, path, natural: NaturalGradient | None = None,
-                 parallel: DataParallel | None = None, seed: int = 0, cuda_graph: bool = False):
+                 schedule: LRSchedule, num_steps, path, natural: NaturalGradient | None = None,
+                 parallel: DataParallel | None = None, seed: int = 0, cuda_graph: bool = False,
+                 watchers: Watchers | None = None):
         self.model, self.guide, self.elbo, self.batches = model, guide, elbo, batches
         self.device = batches.device
         self.opt, self.params, self.generator = opt, params, generator
-        self.lr, self.lr_decay, self.num_steps, self.path = lr, lr_decay, num_steps, path
+        # each group's rate: its own rate at construction times the schedule's factor
+        self.lr, self.schedule, self.num_steps, self.path = lr, schedule, num_steps, path
+        self.base_lrs = [group["lr"] for group in opt.param_groups]
+        self.watchers = watchers if watchers is not None else Watchers()
+        self.monitor = LossMonitor(batches.num_data)
         self.result = FitResult(num_steps=num_steps)
         self.start, self.seconds_before, self.t0 = 0, 0.0, time.perf_counter()
         self.last_good = None
@@ -124,14 +150,20 @@ class Trainer:
                     f"the checkpoint {self.path} holds another {part} than this run's "
                     f"{type(module).__name__} (built with other settings): {what}") from None
         self.opt.load_state_dict(state["optimizer"])
-        for group in self.opt.param_groups:  # load_state_dict brought back the saved rate
-            group["lr"] = self.lr  # (a decaying schedule sets each step's rate from lr)
+        for group, lr in zip(self.opt.param_groups, self.base_lrs, strict=True):
+            group["lr"] = lr  # load_state_dict brought back the saved rate; each step sets it
         set_rng_state(state["rng"], self.generator, self.device)
         self.result.losses = list(state["losses"])
+        for loss in self.result.losses:  # the smoothed loss, as the run before saw it
+            self.monitor.update(loss)
+        self.monitor.warned = bool(state.get("warned_unstable", False))
         self.start = self.result.resumed_from = int(state["step"])
         if self.natural is not None and "natural" in state:  # its backtracked step sizes
             self.natural.load_state_dict(state["natural"])
         self.seconds_before = float(state.get("seconds", 0.0))
+        stopping = self.watchers.early_stopping
+        if stopping is not None and state.get("early_stopping") is not None:
+            stopping.load_state_dict(state["early_stopping"])
         self.batches.skip(self.start)
 
     def check_resumable(self, state: dict) -> None:
@@ -154,7 +186,12 @@ class Trainer:
         if not self.writer:
             return
         for name, now in (("lr", self.lr), ("batch_size", self.batches.batch_size),
-                          ("seed", self.seed)):
+                          ("seed", self.seed), ("lr_schedule", self.schedule.name),
+                          ("lr_decay", self.schedule.decay), ("num_steps", self.num_steps)):
+            if name == "lr_decay" and state.get("lr_schedule") != self.schedule.name:
+                continue  # warned as another schedule
+            if name == "num_steps" and not self.schedule.decays:
+                continue  # the rate does not depend on it
             if name in state and state[name] != now:
                 warnings.warn(  # at the user's call of fit, as in resume
                     f"resuming with {name}={now}; the checkpoint was written with "
@@ -173,6 +210,12 @@ class Trainer:
             "rng": rng if rng is not None else rng_state(self.generator, self.device),
             "losses": self.result.losses,
             "lr": self.lr,
+            "lr_schedule": self.schedule.name,
+            "lr_decay": self.schedule.decay,
+            "num_steps": self.num_steps,
+            "warned_unstable": self.monitor.warned,
+            "early_stopping": (None if self.watchers.early_stopping is None else
+                               self.watchers.early_stopping.state_dict()),
             # the run's settings that resuming checks (check_resumable)
             "num_data": self.batches.num_data,
             "batch_size": self.batches.batch_size,
@@ -254,9 +297,9 @@ class Trainer:
 
     def step(self, step: int, step_rng) -> float:
         args = self.batches.draw(self.generator)
-        if self.lr_decay != 1:
-            for group in self.opt.param_groups:
-                group["lr"] = self.lr * self.lr_decay ** (step / max(self.num_steps - 1, 1))
+        factor = self.schedule.factor(step, self.num_steps)
+        for group, lr in zip(self.opt.param_groups, self.base_lrs, strict=True):
+            group["lr"] = lr * factor
         if self.graph is not None and step > self.start:
             loss, failure = self.graphed_loss_and_grads(step, args)
             if not math.isfinite(loss) and self.replayed_update:
@@ -287,41 +330,70 @@ class Trainer:
         self.result.losses.append(loss)
         return loss
 
-    def run(self, progress: bool, checkpoint_every: int) -> FitResult:
-        progress = progress and self.writer
+    def run(self, checkpoint_every: int) -> FitResult:
+        """The steps from ``start`` to ``num_steps`` (or to a stop), the checkpoint at the
+        end, and the best iterate restored where validation data chose one."""
         self.t0 = time.perf_counter()
         self.last_good = [p.detach().clone() for p in self.params]
-        bar = tqdm(total=self.num_steps, initial=self.start, disable=not progress, desc="SVI",
-                   leave=False)
+        display = Progress(self.watchers.progress if self.writer else False, self.num_steps,
+                           self.start)
         with side_stream(self.device) if self.graph is not None else contextlib.nullcontext():
-            return self._run(bar, progress, checkpoint_every)
+            try:
+                end = self._run(display, checkpoint_every)
+            finally:
+                display.close()
+        self.save(end)
+        if self.graph is not None:
+            self.result.graph_steps = self.graph.replays
+        stopping = self.watchers.early_stopping
+        if stopping is not None:
+            stopping.restore_best()
+            self.result.validation = list(stopping.history)
+            self.result.best_step = stopping.best_step if stopping.history else None
+            self.result.best_validation = stopping.best
+        self.result.seconds = self.seconds_before + time.perf_counter() - self.t0
+        return self.result
 
-    def _run(self, bar, progress: bool, checkpoint_every: int) -> FitResult:
-        N, losses = self.batches.num_data, self.result.losses
+    def _run(self, display: Progress, checkpoint_every: int) -> int:
+        """The loop; returns the steps done at its end."""
+        losses = self.result.losses
+        stopping = self.watchers.early_stopping
+        if stopping is not None and stopping.stopped:  # resumed from a run that had stopped
+            self.stopped(self.start, "early stopping (in the run this one resumes)")
+            return self.start
         step, step_rng = self.start, None
         try:
             for step in range(self.start, self.num_steps):
                 if self.path is not None:  # the generator's state: only for a checkpoint
                     step_rng = rng_state(self.generator, self.device)
-                self.step(step, step_rng)
-                if progress:
-                    bar.update(1)
-                    if step % 10 == 0:
-                        recent = sum(losses[-50:]) / len(losses[-50:]) / N
-                        bar.set_postfix(self.progress_label(recent))
-                if self.path is not None and (step + 1) % checkpoint_every == 0:
-                    self.save(step + 1)
-            step = self.num_steps
+                loss = self.step(step, step_rng)
+                done = step + 1
+                self.monitor.update(loss)
+                # stacklevel 7: check, _run, run, _fit, fit, its error-unwrapping wrapper,
+                # the user's call
+                if self.writer:
+                    self.monitor.check(self.opt.param_groups[0]["lr"], stacklevel=7)
+                display.update(done, self.progress_label(self.monitor.smoothed))
+                reason = self.after_step(done, loss)
+                if reason is not None and done < self.num_steps:
+                    self.stopped(done, reason)
+                    return done
+                if self.path is not None and done % checkpoint_every == 0:
+                    self.save(done)
         except (KeyboardInterrupt, PeerFailedError):
             # the step in flight is dropped; the run resumes from its start exactly (unless
             # the interrupt came between the update and the loss record). A lost peer stops
             # the step in its all-reduce, before any update: every process was at this state
             self.save(len(losses), step_rng if len(losses) == step else None)
             raise
-        finally:
-            bar.close()
-        self.save(step)
-        if self.graph is not None:
-            self.result.graph_steps = self.graph.replays
-        self.result.seconds = self.seconds_before + time.perf_counter() - self.t0
-        return self.result
+        return self.num_steps
+
+    def stopped(self, done: int, reason: str) -> None:
+        self.result.stopped_at, self.result.stop_reason = done, reason
+
+    def after_step(self, done: int, loss: float) -> str | None:
+        """Validation and callbacks after ``done`` steps; why the run stops, or ``None``."""
+        return self.watchers.after_step(done, done == self.num_steps, lambda validation: StepInfo(
+            step=done, loss=loss, loss_per_point=loss / self.batches.num_data,
+            smoothed=self.monitor.smoothed, lr=self.opt.param_groups[0]["lr"],
+            validation=validation, model=self.model, guide=self.guide))

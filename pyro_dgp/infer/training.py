@@ -1,10 +1,65 @@
-"""``fit``: stochastic variational inference with minibatches, progress, checkpoints, resume."""
+"""``fit``: stochastic variational inference with minibatches, progress, checkpoints, resume.
+
+**Data.** ``X (N, D)`` and ``y (N,)`` tensors on the model's device and dtype (labels of a
+binary likelihood may be integer or boolean: read in ``X``'s dtype); NumPy arrays in memory are
+taken as tensors of their own dtype on the model's device (float64 stays float64); a memory
+map, ``.npy`` paths or a torch dataset are read row by row, ``y`` omitted
+(:mod:`pyro_dgp.infer.batches`). A ``batch_size`` above ``N`` is warned (training is
+full-batch). The likelihood must be scaled by ``N / B``: a :class:`~pyro_dgp.DeepGP` does it
+through its ``num_data``, a hand-written model through its data plate
+(:mod:`pyro_dgp.infer.minibatch`; a model that does not is warned about).
+
+**Learning rate.** ``lr_schedule`` shapes the rate from ``lr`` at the first step to
+``lr * lr_decay`` at the last (:func:`~pyro_dgp.infer.optim.lr_factor`): ``"cosine"``,
+``"exponential"`` (``lr * lr_decay ** (t / (num_steps - 1))``), ``"constant"``, or a function
+``(step, num_steps) -> factor`` of ``lr``. The default is a cosine decay to a tenth of ``lr``:
+at a constant rate Adam's steps keep the size ``lr`` to the end, and a fit near its optimum is
+kicked out of it again and again (spikes of the loss); the decay lets it settle. ``lr_decay``
+given alone keeps the exponential schedule it has always meant. The rate is a function of the
+step only, so a resumed run follows it exactly.
+
+**Checkpoints.** ``checkpoint`` is written every ``checkpoint_every`` steps, at the end, on
+divergence and on KeyboardInterrupt; ``resume=True`` continues from it exactly (parameters,
+optimizer moments, random streams, loss history, early stopping's state).
+
+**Watching a run.** ``progress=True`` draws a bar when stderr is a terminal and otherwise
+prints a line every tenth of the run (a log file or a notebook gets no bar's redraws);
+``progress=k`` a line every ``k`` steps. ``callbacks`` are called after every
+``callback_every`` steps (and the last) with a :class:`~pyro_dgp.infer.monitor.StepInfo`
+(the step, its loss, the smoothed loss, the rate, the latest validation loss, the model and
+guide); one that returns a true value stops the run there (``FitResult.stop_reason`` names
+it; its checkpoint resumes from there). ``validation=(X_val, y_val)`` evaluates, every
+``validate_every`` steps (default: 50 times a run) and at the end, the training objective per
+point on the validation data (:func:`~pyro_dgp.infer.monitor.validation_loss`: the held-out
+expected negative log-likelihood plus ``KL / N``, from the same 8 draws each time), or
+``validation=(model, guide) -> loss`` any score (lower is better; e.g. the predictive's NLL
+``lambda m, g: -predict(m, g, X_val).log_prob(y_val).mean().item()``). After ``patience``
+evaluations without a lower one the run stops (``None``: it runs on); either way the model and
+guide end with the parameters of the best evaluation (``FitResult.best_step``,
+``validation``, ``stopped_at``). A :class:`~pyro_dgp.infer.monitor.TrainingInstabilityWarning`
+says when the smoothed loss has risen far above its best (:mod:`pyro_dgp.infer.monitor`).
+
+**Other settings.** ``final_elbo_particles``: draws of ``FitResult.final_elbo``, from their
+own seeded stream (the global random state stays as training left it). ``natural_gradient``:
+``gamma`` in ``(0, 1]`` or a schedule ``step -> gamma``
+(:func:`~pyro_dgp.infer.natgrad.warmup_gamma`) of natural-gradient steps on the guide's
+Gaussian ``q(u)``; the optimiser trains the rest, and a resumed run resumes the schedule.
+``threads``: torch's intra-op threads during the fit, restored after (``None``: on CPU by the
+problem's size, :func:`~pyro_dgp.infer.threads.threads_for`). ``distributed``: data-parallel
+over torchrun's processes (:mod:`pyro_dgp.infer.distributed`; without validation or
+callbacks). ``cuda_graph``: each step after the first replayed from a CUDA graph of the
+objective and its gradient (:mod:`pyro_dgp.infer.cuda_graph` says what it needs).
+"""
 
 from __future__ import annotations
 
+import math
 import os
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 import pyro
 import torch
 
@@ -12,6 +67,7 @@ from ..datasets.stream import RowStream, as_stream
 from ..errors import user_errors_first
 from ..rng import MAX_SEED
 from ..validation import (
+    as_tensor_input,
     check_inputs,
     check_positive_finite,
     check_positive_int,
@@ -24,13 +80,24 @@ from .cuda_graph import check_graph_options
 from .distributed import DataParallel, check_objective, for_fit
 from .draws import check_guide_of
 from .minibatch import check_minibatch_scale
+from .monitor import (
+    EarlyStopping,
+    StepInfo,
+    TrainingInstabilityWarning,
+    Watchers,
+    validation_loss,
+)
 from .natgrad import NaturalGradient
 from .objectives import make_objective
-from .optim import make_optimizer, parameters_of, warn_if_taken_from_store
+from .optim import make_optimizer, parameters_of, resolve_lr_schedule, warn_if_taken_from_store
 from .threads import num_threads, step_work, threads_for
 from .trainer import FitResult, Trainer, TrainingDivergedError
 
-__all__ = ["FitResult", "TrainingDivergedError", "fit", "make_objective", "make_optimizer"]
+__all__ = ["FitResult", "StepInfo", "TrainingDivergedError", "TrainingInstabilityWarning", "fit",
+           "make_objective", "make_optimizer"]
+
+#: evaluations of the validation loss over a run, when ``validate_every`` is not given
+VALIDATIONS_PER_RUN = 50
 
 
 def _check_options(lr, lr_decay, num_particles, seed, optimizer, final_elbo_particles,
@@ -38,11 +105,12 @@ def _check_options(lr, lr_decay, num_particles, seed, optimizer, final_elbo_part
     """Validate ``fit``'s settings, each error naming its argument, before anything is
     derived from them (the thread count from ``num_particles``)."""
     check_positive_finite(lr, "lr")
-    if lr_decay is None or isinstance(lr_decay, bool | str | bytes):
-        raise TypeError(f"lr_decay must be a number in (0, 1], got {lr_decay!r} (of type "
-                        f"{type(lr_decay).__name__})")
-    if not 0 < float(lr_decay) <= 1:
-        raise ValueError(f"lr_decay must be in (0, 1], got {lr_decay}")
+    if lr_decay is not None:
+        if isinstance(lr_decay, bool | str | bytes):
+            raise TypeError(f"lr_decay must be a number in (0, 1], got {lr_decay!r} (of type "
+                            f"{type(lr_decay).__name__})")
+        if not 0 < float(lr_decay) <= 1:
+            raise ValueError(f"lr_decay must be in (0, 1], got {lr_decay}")
     check_positive_int(num_particles, "num_particles")
     if seed is not None:
         check_positive_int(seed, "seed", upper=MAX_SEED, allow_zero=True)
@@ -59,7 +127,13 @@ def _check_options(lr, lr_decay, num_particles, seed, optimizer, final_elbo_part
 def _check_arguments(model, X, y, num_steps, batch_size, checkpoint_every):
     """Validate ``fit``'s data and sizes; returns ``(X, y, N, B)``, ``X`` a tensor or a stream
     (:func:`~pyro_dgp.datasets.stream.as_stream`), integer or boolean labels of a binary
-    likelihood in ``X``'s dtype. Sets the model's ``num_data``."""
+    likelihood in ``X``'s dtype. Sets the model's ``num_data``. NumPy arrays in memory become
+    tensors of their own dtype on the model's device (a memory map stays a stream)."""
+    device = model_dtype_device(model)[1]
+    if _in_memory_array(X):
+        X = as_tensor_input(X, device)
+    if isinstance(X, torch.Tensor) and _in_memory_array(y):
+        y = as_tensor_input(y, device)
     if not isinstance(X, torch.Tensor):
         X = as_stream(X, y)
     if isinstance(X, RowStream):
@@ -77,6 +151,11 @@ def _check_arguments(model, X, y, num_steps, batch_size, checkpoint_every):
     if batch_size is not None:
         batch_size = check_positive_int(batch_size, "batch_size")
     check_positive_int(checkpoint_every, "checkpoint_every")
+    if batch_size is not None and batch_size > N:
+        # stacklevel 4: _check_arguments, fit, its error-unwrapping wrapper, the user's call
+        warnings.warn(f"batch_size={batch_size} is more than the {N} training points: "
+                      "training is full-batch (every step on all N points)", UserWarning,
+                      stacklevel=4)
     B = N if batch_size is None else min(batch_size, N)
     if hasattr(model, "num_data"):
         model.num_data = N
@@ -97,55 +176,122 @@ def _check_arguments(model, X, y, num_steps, batch_size, checkpoint_every):
     return X, y, N, B
 
 
+def _in_memory_array(a) -> bool:
+    """A NumPy array held in memory (not a memory map, which a stream reads row by row)."""
+    return isinstance(a, np.ndarray) and not isinstance(a, np.memmap)
+
+
+def _check_progress(progress) -> bool | int:
+    """``progress`` as ``True``, ``False`` or a number of steps between lines."""
+    if isinstance(progress, bool | np.bool_):
+        return bool(progress)
+    if not isinstance(progress, int | np.integer):
+        raise TypeError(f"progress must be True, False or a number of steps between progress "
+                        f"lines, got {progress!r} (of type {type(progress).__name__})")
+    return check_positive_int(progress, "progress")
+
+
+def _check_watchers(model, X, validation, patience, validate_every, callbacks, callback_every,
+                    progress, num_steps: int, distributed: bool):
+    """Validate the validation data, callbacks and progress settings; returns
+    ``(validation, patience, validate_every, callbacks, callback_every)`` with the
+    validation data as tensors like ``X`` (or the model's parameters, for a stream)."""
+    _check_progress(progress)
+    if callbacks is None:
+        callbacks = []
+    elif callable(callbacks):
+        callbacks = [callbacks]
+    if not isinstance(callbacks, Sequence) or not all(callable(c) for c in callbacks):
+        raise TypeError(f"callbacks must be a list of functions StepInfo -> bool | None, got "
+                        f"{callbacks!r}")
+    callback_every = check_positive_int(callback_every, "callback_every")
+    if validation is None:
+        for name, value in (("patience", patience), ("validate_every", validate_every)):
+            if value is not None:
+                raise ValueError(f"{name} applies to early stopping on validation data: pass "
+                                 "validation=(X_val, y_val) too")
+    if distributed and (validation is not None or callbacks):
+        raise ValueError("validation and callbacks are not available with distributed=True "
+                         "(each process would decide alone when to stop)")
+    if validation is None:
+        return None, None, None, list(callbacks), callback_every
+    if patience is not None:
+        patience = check_positive_int(patience, "patience")
+    validate_every = (max(num_steps // VALIDATIONS_PER_RUN, 1) if validate_every is None
+                      else check_positive_int(validate_every, "validate_every"))
+    if not callable(validation):
+        validation = _validation_data(model, X, validation)
+    return validation, patience, validate_every, list(callbacks), callback_every
+
+
+def _validation_data(model, X, validation):
+    """``(X_val (V, D), y_val (V,))`` checked, as tensors of the training data's dtype and
+    device."""
+    if not (isinstance(validation, tuple | list) and len(validation) == 2):
+        raise TypeError(f"validation must be a pair (X_val, y_val) or a function (model, "
+                        f"guide) -> loss, got {type(validation).__name__}")
+    dtype, device = ((X.dtype, X.device) if isinstance(X, torch.Tensor)
+                     else model_dtype_device(model))
+    X_val, y_val = (as_tensor_input(a, device) for a in validation)
+    check_inputs(X_val, getattr(model, "input_dim", None), label="validation X_val")
+    if getattr(getattr(model, "likelihood", None), "binary", False):
+        y_val = labels_like(y_val, X_val)
+    check_targets(y_val, X_val.shape[-2], label="validation y_val")
+    for name, t in (("X_val", X_val), ("y_val", y_val)):
+        if t.dtype != dtype or t.device != device:
+            raise ValueError(f"validation {name} is {t.dtype} on {t.device}, the training data "
+                             f"{dtype} on {device}: give both alike")
+    return X_val, y_val
+
+
 @user_errors_first
 def fit(
-    model, guide, X, y: torch.Tensor | None = None, *,
-    num_steps: int = 1000, batch_size: int | None = None, lr: float = 0.01,
-    objective="auto", num_particles: int = 1, seed: int | None = 0, progress: bool = True,
+    model, guide, X, y: torch.Tensor | None = None, *, num_steps: int = 1000,
+    batch_size: int | None = None, lr: float = 0.01, objective="auto", num_particles: int = 1,
+    seed: int | None = 0, progress: bool | int = True,
     checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 500,
     resume: bool = False, optimizer: type[torch.optim.Optimizer] = torch.optim.Adam,
-    lr_decay: float = 1.0, final_elbo_particles: int = 8, threads: int | None = None,
-    natural_gradient=None, alpha: float = 0.5, num_samples: int = 10,
-    distributed: bool = False, cuda_graph: bool = False,
+    lr_schedule: str | Callable[[int, int], float] | None = None, lr_decay: float | None = None,
+    final_elbo_particles: int = 8, threads: int | None = None, natural_gradient=None,
+    alpha: float = 0.5, num_samples: int = 10, distributed: bool = False,
+    cuda_graph: bool = False, validation=None, patience: int | None = None,
+    validate_every: int | None = None,
+    callbacks: Sequence[Callable[[StepInfo], bool | None]] | None = None, callback_every: int = 1,
 ) -> FitResult:
-    """Train ``guide`` (and the model's hyperparameters) by SVI.
+    """Train ``guide`` (and the model's hyperparameters) by SVI (module docstring: more).
 
-    :param X: ``(N, D)`` inputs; :param y: ``(N,)`` targets, on the model's device and dtype
-        (labels of a binary likelihood may be integer or boolean: read in ``X``'s dtype);
-        or data read row by row, ``y`` omitted (:mod:`pyro_dgp.infer.batches`).
-    :param batch_size: minibatch size B (``None``, or ``>= N``: full batch); the likelihood
-        must be scaled by ``N / B``: a :class:`~pyro_dgp.DeepGP` does it through its
-        ``num_data``, a hand-written model through its data plate
-        (:mod:`pyro_dgp.infer.minibatch`; a model that does not is warned about).
+    :param X: ``(N, D)`` inputs (a tensor, a NumPy array, or data read row by row);
+        :param y: ``(N,)`` targets. :param batch_size: minibatch size B (``None``: N).
     :param objective: a Pyro ELBO or a name (:func:`make_objective`); ``"alpha"``: the local
-        alpha-divergence objective (:mod:`pyro_dgp.infer.alpha`), ``alpha`` in ``(0, 1]``,
-        ``num_samples`` draws per point: a loss, not an ELBO (shown as ``loss/pt``).
+        alpha-divergence objective with ``alpha`` and ``num_samples`` (shown as ``loss/pt``).
     :param seed: seeds Pyro/torch/numpy and the minibatch stream, in ``[0, 2**32 - 1]``
         (``None``: leave as is). :param optimizer: an Optimizer class (or ``(params, lr=)``).
-    :param checkpoint: file written every ``checkpoint_every`` steps, at the end, on
-        divergence and on KeyboardInterrupt; ``resume=True`` continues from it exactly
-        (parameters, optimizer moments, random streams, loss history).
-    :param lr_decay: the last step's learning rate as a fraction of ``lr``:
-        ``lr_t = lr * lr_decay ** (t / (num_steps - 1))`` (``1``: constant), a function of the
-        step only, so a resumed run follows the same schedule.
-    :param final_elbo_particles: draws of ``FitResult.final_elbo`` (0: not evaluated), from
-        their own seeded stream: the global random state stays as training left it.
-    :param natural_gradient: ``None``, or the step size ``gamma`` in ``(0, 1]`` (or a schedule
-        ``step -> gamma``, :func:`~pyro_dgp.infer.natgrad.warmup_gamma`) of natural-gradient
-        steps on the guide's Gaussian ``q(u)`` (:mod:`pyro_dgp.infer.natgrad`); the
-        optimiser trains the rest. A resumed run resumes the schedule.
-    :param threads: torch's intra-op threads during the fit (restored after); ``None``: on
-        CPU by the problem's size (:func:`pyro_dgp.infer.threads.threads_for`: one thread for
-        small problems, where more only spin), on other devices as is.
-    :param distributed: data-parallel over torchrun's processes (:mod:`pyro_dgp.infer.distributed`).
-    :param cuda_graph: on a GPU, replay each step after the first from a CUDA graph of the
-        objective and its gradient: the same computation and draws, launched at once
-        (:mod:`pyro_dgp.infer.cuda_graph`, which says what it needs).
-    :raises TrainingDivergedError: on a NaN/inf loss or a Cholesky failure (parameters gone
-        non-finite), after restoring the last good parameters and writing the checkpoint.
+    :param checkpoint: file written every ``checkpoint_every`` steps, at the end, on divergence
+        and on KeyboardInterrupt; ``resume=True`` continues from it exactly.
+    :param lr_schedule: ``"cosine"`` (default), ``"exponential"``, ``"constant"`` or
+        ``(step, num_steps) -> factor``; :param lr_decay: the last step's rate over ``lr``.
+    :param progress: a bar on a terminal, else a line every tenth of the run; ``k``: a line
+        every ``k`` steps; ``False``: nothing.
+    :param validation: ``(X_val, y_val)`` or ``(model, guide) -> loss``: early stopping after
+        ``patience`` evaluations (every ``validate_every`` steps) without a better one, the
+        best parameters restored. :param callbacks: functions of a
+        :class:`~pyro_dgp.infer.monitor.StepInfo`, every ``callback_every`` steps; a true
+        return value stops the run.
+    :param final_elbo_particles: draws of ``FitResult.final_elbo`` (0: not evaluated).
+    :param natural_gradient: ``None``, or the step size ``gamma`` (or a schedule) of
+        natural-gradient steps on the guide's Gaussian ``q(u)`` (:mod:`.natgrad`).
+    :param threads: torch's intra-op threads during the fit (``None``: by the problem's size).
+    :param distributed: data-parallel (:mod:`.distributed`). :param cuda_graph: on a GPU,
+        replay each step from a CUDA graph (:mod:`.cuda_graph`).
+    :raises TrainingDivergedError: on a NaN/inf loss or a Cholesky failure, after restoring
+        the last good parameters and writing the checkpoint.
+    :warns TrainingInstabilityWarning: the smoothed loss rose far above its best (once a run).
     """
     _check_options(lr, lr_decay, num_particles, seed, optimizer, final_elbo_particles, threads)
+    schedule = resolve_lr_schedule(lr_schedule, lr_decay)
     X, y, N, B = _check_arguments(model, X, y, num_steps, batch_size, checkpoint_every)
+    watch = _check_watchers(model, X, validation, patience, validate_every, callbacks,
+                            callback_every, progress, num_steps, distributed)
     check_guide_of(model, guide, "fit")
     if cuda_graph:
         check_graph_options(X.device if isinstance(X, torch.Tensor) else
@@ -155,9 +301,29 @@ def fit(
         return _fit(model, guide, batches, parallel, num_steps=num_steps, lr=lr,
                     objective=objective, num_particles=num_particles, seed=seed,
                     progress=progress, checkpoint=checkpoint, checkpoint_every=checkpoint_every,
-                    resume=resume, optimizer=optimizer, lr_decay=lr_decay, alpha=alpha,
+                    resume=resume, optimizer=optimizer, schedule=schedule, alpha=alpha,
                     final_elbo_particles=final_elbo_particles, num_samples=num_samples,
-                    natural_gradient=natural_gradient, cuda_graph=cuda_graph)
+                    natural_gradient=natural_gradient, cuda_graph=cuda_graph,
+                    watchers=watch)
+
+
+def _watchers(model, guide, elbo, batches: Batches, seed, progress, validation, patience,
+              validate_every, callbacks, callback_every) -> Watchers:
+    """What the run calls besides its steps (:class:`~pyro_dgp.infer.monitor.Watchers`)."""
+    stopping = None
+    if validation is not None:
+        if callable(validation):
+            def score():
+                return validation(model, guide)
+        else:
+            X_val, y_val = validation
+            seed = 0 if seed is None else seed
+
+            def score():
+                return validation_loss(model, guide, elbo, X_val, y_val, batches.num_data, seed)
+        stopping = EarlyStopping(score, validate_every,
+                                 math.inf if patience is None else patience, model, guide)
+    return Watchers(callbacks, callback_every, stopping, _check_progress(progress))
 
 
 def _batches(model, X, y, B: int, distributed: bool, objective, natural_gradient):
@@ -180,8 +346,8 @@ def _threads(threads: int | None, model, batches: Batches, num_particles: int) -
 
 def _fit(model, guide, batches: Batches, parallel: DataParallel | None, *, num_steps, lr,
          objective, num_particles, seed, progress, checkpoint, checkpoint_every, resume,
-         optimizer, lr_decay, final_elbo_particles, natural_gradient, alpha, num_samples,
-         cuda_graph):
+         optimizer, schedule, final_elbo_particles, natural_gradient, alpha, num_samples,
+         cuda_graph, watchers):
     """:func:`fit` after its checks, with its thread count set."""
     if parallel is not None:
         seed = parallel.common_seed(seed)
@@ -211,13 +377,14 @@ def _fit(model, guide, batches: Batches, parallel: DataParallel | None, *, num_s
     opt = make_optimizer(optimizer, params, lr)
     path = Path(checkpoint) if checkpoint is not None else None
     natural = None if natural_gradient is None else NaturalGradient(guide, natural_gradient)
-    training = Trainer(model, guide, elbo, batches, opt, params, generator, lr, lr_decay,
-                         num_steps, path, natural, parallel, seed, cuda_graph)
+    training = Trainer(model, guide, elbo, batches, opt, params, generator, lr, schedule,
+                       num_steps, path, natural, parallel, seed, cuda_graph,
+                       _watchers(model, guide, elbo, batches, seed, progress, *watchers))
     if resume:
         training.resume()
         if natural is not None:
             natural.num_steps = training.start
-    result = training.run(progress, checkpoint_every)
+    result = training.run(checkpoint_every)
     if final_elbo_particles:
         estimate = fit_elbo(model, guide, batches, final_elbo_particles,
                               0 if seed is None else seed, parallel)

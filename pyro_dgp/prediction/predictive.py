@@ -25,7 +25,7 @@ from ..infer.draws import (
 from ..likelihoods import AnalyticObservation
 from ..likelihoods.marginal import source_of
 from ..rng import seeded
-from ..validation import check_inputs, check_positive_int
+from ..validation import as_tensor_input, check_inputs, check_positive_int
 from .draw_mixture import DrawMixturePredictive
 from .mixture import MixturePredictive, check_units
 
@@ -54,7 +54,8 @@ def predict(
         distribution, obs=y)`` (of batch shape ``(N,)`` in its data plate, event shape
         ``()``), directly or through a :mod:`pyro_dgp.likelihoods` likelihood.
     :param guide: any guide of the library (or a completed autoguide).
-    :param X: ``(N, D)`` test inputs.
+    :param X: ``(N, D)`` test inputs (a NumPy array: taken in its dtype on the model's
+        device).
     :param batch_size: test points per pass (memory grows with S x batch x M).
     :param y_mean, y_std: report in units ``y_mean + y_std * y_model``.
     :param seed: draw the samples from this seed without touching the global random state
@@ -68,6 +69,7 @@ def predict(
         ``.crps(y)``, ``.quantiles(q)``...
     :raises ValueError: no observation site found, naming what ``predict`` needs.
     """
+    X = as_tensor_input(X, getattr(next(iter(model.parameters()), None), "device", None))
     check_inputs(X)
     S = check_positive_int(num_samples, "num_samples")
     batch_size = check_positive_int(batch_size, "batch_size")
