@@ -190,7 +190,7 @@ def run_trial(family: str, data, trial: int, steps: int, lr: float, M: int,
                 guide(data.X_train, data.y_train)
             guide.init_from(meanfield)
         fit(model, guide, data.X_train, data.y_train, num_steps=max(steps // 2, 1),
-            lr=lr * lr_decay, seed=trial, progress=False)
+            lr=lr * lr_decay, seed=trial, progress=False, lr_schedule="constant")
     # Evaluate with the training objective: for the mean-field families its KL is analytic.
     # (A Monte Carlo log q can be numerically meaningless here: q(f^z_1) of the locations model
     # learns a near-singular Cholesky factor whose triangular solve amplifies rounding error.)

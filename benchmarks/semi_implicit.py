@@ -125,7 +125,7 @@ def run_toy(name: str, args, progress: bool = True) -> list[tuple[dict, dict]]:
         with gold.fixed_hyperparameters(model):
             try:
                 result = fit(model, guide, X, y, num_steps=args.steps, lr=args.lr,
-                             seed=args.seed, progress=progress,
+                             seed=args.seed, progress=progress, lr_schedule="constant",
                              final_elbo_particles=args.elbo_particles)
                 elbo, elbo_se = result.final_elbo, result.final_elbo_stderr
                 s_per_step = result.seconds / args.steps

@@ -272,6 +272,17 @@ def test_numpy_arrays_train_and_predict_as_their_float64_tensors(step):
         pred.mean, dgp.predict(model, guide, step.X_test, num_samples=4, seed=0).mean)
 
 
+def test_the_builders_take_numpy_arrays_as_their_float64_tensors(step):
+    X, y = step.X_train, step.y_train
+    for build in (dgp.DeepGP.regression, dgp.DeepGP.classification):
+        labels = (y > 0).numpy() if build == dgp.DeepGP.classification else y.numpy()
+        from_arrays = build(X.numpy(), labels, num_inducing=5, seed=0)
+        from_tensors = build(X, torch.as_tensor(labels), num_inducing=5, seed=0)
+        assert {p.dtype for p in from_arrays.parameters()} == {torch.float64}
+        for a, b in zip(from_arrays.parameters(), from_tensors.parameters(), strict=True):
+            torch.testing.assert_close(a, b)
+
+
 def test_a_batch_size_above_n_warns_full_batch(step):
     model, guide = _small(step, layers=1)
     N = len(step.y_train)

@@ -9,7 +9,7 @@ from pyro.infer.util import is_validation_enabled
 from pyro.nn import PyroModule
 
 from ..likelihoods import Likelihood
-from ..validation import check_inputs, check_positive_int, unique_name
+from ..validation import as_tensor_input, check_inputs, check_positive_int, unique_name
 from .architectures import (
     LN2,
     check_regression_arguments,
@@ -170,7 +170,8 @@ class DeepGP(PyroModule):
         train_mean=False`` and ``MeanField(model, inner_variance=1e-5)``) to reproduce the
         paper's runs. Both assume standardised inputs and targets.
 
-        :param X: ``(N, D)`` inputs; :param y: ``(N,)`` targets (probit: labels 0/1, or int/bool).
+        :param X: ``(N, D)`` inputs; :param y: ``(N,)`` targets (probit: labels 0/1, or int/bool);
+            tensors or NumPy arrays (taken as tensors of their own dtype).
         :param hidden_dim: width of inner layers, default ``min(30, D)``.
         :param likelihood: ``"gaussian"``, ``"studentt"``, ``"probit"`` or an instance.
         :param inducing: ``"fixed"`` or ``"locations"`` (see :class:`DeepGP`).
@@ -183,6 +184,8 @@ class DeepGP(PyroModule):
             else it holds ``f(Z)`` too (Ustyuzhaninov et al. 2020, §4.2 as published). See
             :class:`DeepGP`.
         """
+        X = as_tensor_input(X)
+        y = as_tensor_input(y, X.device if isinstance(X, torch.Tensor) else None)
         checked = check_regression_arguments(
             X, y, num_layers, hidden_dim, num_inducing, kernel, likelihood, noise_variance, seed,
             flags={"whiten": whiten, "ard": ard, "train_mean": train_mean})
