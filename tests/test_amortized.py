@@ -767,3 +767,51 @@ def test_default_encoder_starts_off_the_saddle_of_equal_points():
     first = guide.encoders.layer1.mean_net[0].weight
     (grad,) = torch.autograd.grad(loss, [first])
     assert float(grad.abs().max()) > 0
+
+
+@pytest.mark.parametrize("scale", ["diagonal", "tril"])
+def test_paths_share_one_conditional_per_point_with_the_same_marginals(scale, monkeypatch):
+    """The S paths around one q(u_n) are the columns of one conditional per point: the
+    triangular solve against chol(K(Z_n, Z_n)) runs once with S columns (not S times with one),
+    and its marginals are those of each (path, point) conditional written out separately, for a
+    diagonal scale (kept diagonal) and a full Cholesky factor."""
+    torch.manual_seed(0)
+    S, N = 4, 5
+    layer = _model([3, 2, 1], N=N, means=["zero", "zero"]).layers[0]
+    x, at = torch.randn(S, N, 3, dtype=DT), torch.randn(N, 3, dtype=DT)
+    loc = torch.randn(N, 2, layer.num_inducing, dtype=DT)
+    sd = torch.rand(N, 2, layer.num_inducing, dtype=DT) + 0.1
+    given = sd if scale == "diagonal" else torch.diag_embed(sd) + torch.randn(
+        N, 2, layer.num_inducing, layer.num_inducing, dtype=DT).tril(-1)
+    solved = []
+    solve = torch.linalg.solve_triangular
+    monkeypatch.setattr(torch.linalg, "solve_triangular",
+                        lambda L, B, **kw: solved.append(tuple(B.shape)) or solve(L, B, **kw))
+    m, v = layer.local_conditional(x, loc, given, at=at)
+    assert m.shape == v.shape == (S, N, 2)
+    assert solved == [(N, layer.num_inducing, S)]
+    monkeypatch.undo()
+    tril = torch.diag_embed(sd) if scale == "diagonal" else given
+    for s in range(S):
+        for n in range(N):
+            Z = layer.inducing_inputs_at(at[n:n + 1])[0]  # (M, 3)
+            with layer.given_inducing_inputs(Z):
+                m1, v1 = layer.conditional(x[s, n:n + 1], loc[n], tril[n])
+            torch.testing.assert_close(m[s, n], m1[0], rtol=1e-10, atol=1e-12)
+            torch.testing.assert_close(v[s, n], v1[0], rtol=1e-10, atol=1e-12)
+
+
+def test_a_diagonal_encoder_scale_stays_diagonal_in_q_u():
+    """The default encoder's diagonal scale reaches q(u_n) as it is (its KL and the marginal
+    variance need no M x M matrix per point and output), with the same KL as its Cholesky
+    factor."""
+    model, guide, X, y = _perturbed_two_layer("AR2P", 3, 6, seed=3)
+    trace = pyro.poutine.trace(guide).get_trace(X, y)
+    q = trace.nodes["layer1.u"]["fn"]
+    loc, scale = q.point_parameters
+    assert scale.shape == loc.shape
+    full = dgp.guides.amortized.LocalGaussian(loc, torch.diag_embed(scale), q.inducing_inputs)
+    p_u = model.layers[0].prior()
+    torch.testing.assert_close(kl_divergence(q, p_u), kl_divergence(full, p_u), rtol=1e-12,
+                               atol=1e-12)
+    torch.testing.assert_close(q.log_prob(loc), full.log_prob(loc), rtol=1e-12, atol=1e-12)

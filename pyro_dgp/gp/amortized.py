@@ -109,20 +109,68 @@ class AmortizedGPLayer(GPLayer):
         return torch.einsum("mij,...nj->...nmi", W, p) + b
 
     def local_conditional(self, x: torch.Tensor, u_loc: torch.Tensor,
-                          u_scale_tril: torch.Tensor | None = None,
+                          u_scale: torch.Tensor | None = None,
                           at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Marginals of ``f(x_n)`` given ``u_n`` (``u_scale_tril=None``), or with ``u_n ~
+        """Marginals of ``f(x_n)`` given ``u_n`` (``u_scale=None``), or with ``u_n ~
         N(u_loc, S)`` integrated out, at the inducing inputs ``A(at_n)`` (default ``A(x_n)``).
 
         :param x: ``(..., N, D_in)``; :param at: ``(..., N, D_in)`` broadcastable with ``x``.
-        :param u_loc: ``(..., N, D_out, M)`` whitened; :param u_scale_tril:
-            ``(..., N, D_out, M, M)`` or ``None``.
+        :param u_loc: ``(..., N, D_out, M)`` whitened; :param u_scale: the Cholesky factor of
+            ``S``, ``(..., N, D_out, M, M)``, or its standard deviations ``(..., N, D_out, M)``
+            where ``S`` is diagonal, or ``None``.
         :returns: ``(loc, var)``, each ``(..., N, D_out)``, the mean function included.
         """
-        Z = self.inducing_inputs_at(x if at is None else at)
-        with self.given_inducing_inputs(Z):
-            loc, var = self.conditional(x.unsqueeze(-2), u_loc, u_scale_tril)
+        at = x if at is None else at
+        if _per_point(x, u_loc, u_scale, at):
+            return self._paths_conditional(x, u_loc, u_scale, at)
+        if u_scale is not None and u_scale.dim() == u_loc.dim():
+            u_scale = torch.diag_embed(u_scale)
+        with self.given_inducing_inputs(self.inducing_inputs_at(at)):
+            loc, var = self.conditional(x.unsqueeze(-2), u_loc, u_scale)
         return loc.squeeze(-2), var.squeeze(-2)
+
+    def _paths_conditional(self, x: torch.Tensor, u_loc: torch.Tensor,
+                           u_scale: torch.Tensor | None,
+                           at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`local_conditional` where each point of ``at (*points, D_in)`` has its own
+        ``Z_n = A(at_n)`` and ``q(u_n)`` (``u_loc (*points, D_out, M)``), shared by the ``P``
+        paths of ``x (*paths, *points, D_in)`` (AR2, AR2P, AR2PP: ``points = (N,)``, ``P =
+        S``; AR1 and the data: ``P = 1``). Each point's ``P`` inputs are the columns of one
+        conditional (Salimbeni and Deisenroth 2017, eq. 7-8, whitened): with
+        ``L_n = chol(K(Z_n, Z_n))`` and ``a_np = L_n^-1 k(Z_n, x_np)``,
+
+            mean = a_np^T m_n,    var = k(x_np, x_np) - |a_np|^2 + |S_n^T a_np|^2,
+
+        so ``L_n`` is factorised once per point (not once per path) and the products are
+        batched ``(M, M) x (M, P)`` ones over the points instead of matrix-vector ones over
+        points and paths; a diagonal ``S_n = diag(s_n)`` gives ``|S_n^T a|^2 = (s_n^2)^T
+        (a * a)``, with no ``(M, M)`` matrix per output.
+
+        :param u_scale: ``(*points, D_out, M, M)``, ``(*points, D_out, M)`` (diagonal) or
+            ``None``. :returns: ``(loc, var)``, each ``(*paths, *points, D_out)``.
+        """
+        D_in, D_out, M = at.shape[-1], self.output_dim, u_loc.shape[-1]
+        points = at.shape[:-1]
+        paths = x.shape[:x.dim() - at.dim()]
+        n = points.numel()
+        columns = x.reshape(-1, n, D_in).transpose(0, 1)  # (n, P, D_in)
+        Z = self.inducing_inputs_at(at.reshape(n, D_in))  # (n, M, D_in)
+        Kzz, Kzx, kxx = self.kernel.conditional_parts(Z, columns)  # (n,M,M), (n,M,P), (n,P)
+        if Kzx is None:  # a white-noise-only kernel
+            Kzx = Z.new_zeros(n, M, columns.shape[-2])
+        A = torch.linalg.solve_triangular(self._factor(Kzz), Kzx, upper=False)  # (n, M, P)
+        mean = u_loc.reshape(n, D_out, M) @ A  # (n, D_out, P)
+        var = (kxx - A.square().sum(-2)).unsqueeze(-2)  # (n, 1, P)
+        if u_scale is not None and u_scale.dim() == u_loc.dim():
+            var = var + u_scale.reshape(n, D_out, M).square() @ A.square()
+        elif u_scale is not None:
+            tril = u_scale.reshape(n, D_out, M, M)
+            var = var + (tril.mT @ A.unsqueeze(-3)).square().sum(-2)
+        # round-off can make the variance slightly negative where x sits on an inducing input
+        var = var.clamp_min(torch.finfo(var.dtype).tiny).expand(mean.shape)
+        shape = paths + points + (D_out,)
+        loc = mean.permute(2, 0, 1).reshape(shape) + self.mean_function(x)
+        return loc, var.permute(2, 0, 1).reshape(shape)
 
     def forward(self, x: torch.Tensor, plate: pyro.plate | None = None,
                 inducing_inputs: torch.Tensor | None = None) -> torch.Tensor:
@@ -149,6 +197,17 @@ class AmortizedGPLayer(GPLayer):
                 u = pyro.sample(f"{name}.u", self.prior(), infer=tag(InducingSite(self)))
             fn = masked_out(LocalConditional(self, x, u))
             return pyro.sample(f"{name}.f", fn, infer=tag(FunctionSite(self, x, u)))
+
+
+def _per_point(x: torch.Tensor, u_loc: torch.Tensor, u_scale: torch.Tensor | None,
+               at: torch.Tensor) -> bool:
+    """Whether ``at (*points, D_in)`` are the last dims of ``x (*paths, *points, D_in)`` and
+    ``q(u_n)`` has one ``u_loc (*points, D_out, M)`` and ``u_scale`` per point (then
+    :meth:`AmortizedGPLayer._paths_conditional` applies)."""
+    points = at.shape[:-1]
+    return (x.dim() >= at.dim() and x.shape[x.dim() - at.dim():] == at.shape
+            and u_loc.shape[:-2] == points
+            and (u_scale is None or u_scale.shape[:len(points)] == points))
 
 
 class LocalConditional(LayerConditional):

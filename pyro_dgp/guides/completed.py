@@ -7,6 +7,7 @@ from pyro import poutine
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
 
+from ..gp.architectures import default_dtype
 from ..gp.sites import function_site, inducing_site
 from .autoguide_gaussian import (
     autoguide_joint_gaussian,
@@ -96,11 +97,13 @@ class Completed(LayerGuide):
 
     def _prepare_inner(self, *args, **kwargs) -> None:
         """Build the inner guide's parameters. Autoguides build them (and nn modules, e.g.
-        AutoIAFNormal's flows) in the default dtype; move them to the model's dtype and device."""
-        with torch.no_grad(), poutine.block():
+        AutoIAFNormal's flows) in torch's default dtype: they are built with the model's dtype
+        as the default (so their initial values are drawn in it, whatever the user's default),
+        then moved to the model's device."""
+        ref = self.layer_sites[0].layer.inducing_points
+        with torch.no_grad(), poutine.block(), default_dtype(ref.dtype):
             self.inner(*args, **kwargs)
         if isinstance(self.inner, torch.nn.Module):
-            ref = self.layer_sites[0].layer.inducing_points
             self.inner.to(device=ref.device, dtype=ref.dtype)
         self._inner_ready = True
 

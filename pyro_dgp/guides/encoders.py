@@ -25,12 +25,15 @@ from pyro.nn.module import to_pyro_module_
 __all__ = ["MLPEncoder", "as_pyro_module", "check_encoded"]
 
 
-def _mlp(d_in: int, d_out: int, width: int) -> torch.nn.Sequential:
-    """Two hidden layers of ``width`` units with LeakyReLU(0.2), as in Meng and Zhang 2024."""
+def _mlp(d_in: int, d_out: int, width: int, dtype=None, device=None) -> torch.nn.Sequential:
+    """Two hidden layers of ``width`` units with LeakyReLU(0.2), as in Meng and Zhang 2024,
+    created in ``dtype`` on ``device`` (``None``: torch's defaults): its initial weights are
+    drawn in that dtype, so they do not depend on torch's default dtype."""
+    like = {"dtype": dtype, "device": device}
     return torch.nn.Sequential(
-        torch.nn.Linear(d_in, width), torch.nn.LeakyReLU(0.2),
-        torch.nn.Linear(width, width), torch.nn.LeakyReLU(0.2),
-        torch.nn.Linear(width, d_out))
+        torch.nn.Linear(d_in, width, **like), torch.nn.LeakyReLU(0.2),
+        torch.nn.Linear(width, width, **like), torch.nn.LeakyReLU(0.2),
+        torch.nn.Linear(width, d_out, **like))
 
 
 class MLPEncoder(PyroModule):
@@ -54,15 +57,14 @@ class MLPEncoder(PyroModule):
         self.output_dim, self.num_inducing = output_dim, num_inducing
         n = output_dim * num_inducing
         width = max(1, min(input_dim, n))
-        self.mean_net = _mlp(input_dim, n, width)
-        self.scale_net = _mlp(input_dim, n, width)
+        self.mean_net = _mlp(input_dim, n, width, dtype, device)
+        self.scale_net = _mlp(input_dim, n, width, dtype, device)
         with torch.no_grad():
             out = self.mean_net[-1]
             out.weight.copy_(out.weight[::num_inducing].repeat_interleave(num_inducing, 0))
             out.bias.zero_()
             self.scale_net[-1].weight.zero_()
             self.scale_net[-1].bias.fill_(math.log(math.expm1(init_scale)))
-        self.to(dtype=dtype, device=device)
         to_pyro_module_(self)
 
     def forward(self, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,7 +97,8 @@ def _describe(out) -> str:
     return type(out).__name__
 
 
-def check_encoded(out, p: torch.Tensor, D: int, M: int, layer: str, validate: bool = True):
+def check_encoded(out, p: torch.Tensor, D: int, M: int, layer: str, validate: bool = True,
+                  keep_diagonal: bool = False):
     """The ``(loc, scale_tril)`` of an encoder's output at ``p (..., N, D_in)``.
 
     The shapes are always checked; with ``validate`` also the values of the scale. ``q(u_n)``
@@ -105,7 +108,8 @@ def check_encoded(out, p: torch.Tensor, D: int, M: int, layer: str, validate: bo
     silently change the covariance the encoder meant) and a positive diagonal, and a
     diagonal scale must be positive.
 
-    :returns: ``loc (..., N, D, M)`` and ``scale_tril (..., N, D, M, M)``.
+    :returns: ``loc (..., N, D, M)`` and ``scale_tril (..., N, D, M, M)``; with
+        ``keep_diagonal`` a diagonal scale is returned as it is, ``(..., N, D, M)``.
     :raises ValueError: naming the layer and the expected shapes where they differ, a dtype
         or device other than the inputs', or the problem with the scale's values.
     """
@@ -146,4 +150,6 @@ def check_encoded(out, p: torch.Tensor, D: int, M: int, layer: str, validate: bo
         raise ValueError(f"Amortized: the encoder of layer '{layer}' returned {what} that is "
                          f"not positive everywhere (smallest {float(diagonal.min()):.3g}; NaN "
                          "counts as not positive)")
-    return loc, (torch.diag_embed(scale) if tril is None else tril)
+    if tril is None and not keep_diagonal:
+        return loc, torch.diag_embed(scale)
+    return loc, scale
