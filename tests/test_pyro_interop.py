@@ -253,6 +253,18 @@ def test_svi_refuses_a_guide_built_on_another_instance_of_the_model_class(data, 
     _svi_step(built_on, guide, X, y, elbo())  # the guide's own model trains
 
 
+def test_svi_refuses_an_amortized_guide_of_another_avdgp_instance(data):
+    """The amortized layers (per-point inducing outputs) make the same check as GPLayer."""
+    X, y, _ = data
+    built_on = dgp.gp.avdgp_regression(X, y, num_inducing=4, hidden_dims=(2,))
+    passed = dgp.gp.avdgp_regression(X, y, num_inducing=4, hidden_dims=(2,))
+    guide = dgp.guides.Amortized(built_on, rule="AR1")
+    elbo = Trace_ELBO()
+    with pytest.raises(TypeError, match="this guide was built for the model"):
+        _svi_step(passed, guide, X, y, elbo)
+    _svi_step(built_on, guide, X, y, elbo)
+
+
 class _OtherSites(PyroModule):
     """A hand-written model whose one layer's sites are ``layer.u`` and ``layer.f``."""
 

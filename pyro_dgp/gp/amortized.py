@@ -44,7 +44,7 @@ from ..kernels import Kernel
 from ..state import swapped
 from .distributions import LayerConditional, masked_out
 from .layer import GPLayer, sample_hyperparameters
-from .sites import FunctionSite, InducingSite, tag
+from .sites import FunctionSite, InducingSite, check_replayed_guide, tag
 
 __all__ = ["AmortizedGPLayer"]
 
@@ -188,6 +188,7 @@ class AmortizedGPLayer(GPLayer):
                 f"layer '{self.name}' expects inputs (..., N, {self.input_dim}) of {b.dtype} on "
                 f"{b.device}, got {tuple(x.shape)} of {x.dtype} on {x.device}")
         name = self.name
+        check_replayed_guide(self, name)
         sample_hyperparameters(self)
         if plate is None:
             plate = pyro.plate(f"{name}.data", x.shape[-2], dim=-1)
