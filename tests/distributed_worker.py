@@ -8,9 +8,17 @@ torchrun's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT
 draws either), and of a two-layer model with ``MeanField`` (checkpointed); ``kill``: the
 two-layer run, whose process 1 kills itself at step 12;
 ``hang``: the same with process 1 alive but silent from step 12 (a timeout of 3 s);
-``resume``: the two-layer run resumed from the checkpoint ``kill`` left. Each process writes
-what it saw to ``OUT/<scenario>_<rank>.pt``. The problems and the recording optimiser are
-shared with the test, which computes the one-process references.
+``resume``: the two-layer run resumed with ``seed=None`` from the checkpoint ``kill`` left
+(the checkpoint's seed is taken); ``raise``: the two-layer run whose process 1 raises an
+error in step 12's objective; ``corrupt``: the two-layer run resumed from a file that is no
+checkpoint (``OUT/corrupt.pt``), which process 0 fails to read. Each process writes what it
+saw to ``OUT/<scenario>_<rank>.pt``. The problems and the recording optimiser are shared
+with the test, which computes the one-process references.
+
+In ``raise`` and ``corrupt`` the process that fails stays alive after its error until the
+other has reported its own (at most ``LINGER`` seconds), as a process whose script handles
+the error, or whose launcher has not yet ended it, would: the other must learn of the
+failure from the failing process itself, not from its closed connection.
 """
 
 from __future__ import annotations
@@ -31,6 +39,28 @@ from pyro_dgp.infer.distributed import PeerFailedError  # noqa: E402
 
 N, BATCH, STEPS, KILL_AT = 64, 32, 20, 12
 HANG_TIMEOUT = 3.0  # seconds
+LINGER = 10.0  # seconds a failed process stays alive for the other's report
+#: the timeout of the runs in which a process fails: longer than LINGER, so that a process
+#: that learns of the failure only from the timeout or the closed connection comes too late
+FAULT_TIMEOUT = 30.0
+RAISED = "the rows of this process could not be read"
+
+
+class FailingELBO(pyro.infer.Trace_ELBO):
+    """Trace_ELBO whose ``differentiable_loss`` raises ``OSError(RAISED)`` at its call
+    ``fail_at`` (from 0), in the process that sets it: one process's part of a step fails."""
+
+    fail_at: int | None = None
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def differentiable_loss(self, model, guide, *args, **kwargs):
+        self.calls += 1
+        if self.fail_at is not None and self.calls == self.fail_at + 1:
+            raise OSError(RAISED)
+        return super().differentiable_loss(model, guide, *args, **kwargs)
 
 
 class Recording:
@@ -105,7 +135,8 @@ def run(layers: int, family: str, **kwargs) -> dict:
     optimizer, lr = (RecordingSGD, 1e-3) if exact else (RecordingAdam, 1e-2)
     if family == "Amortized":
         kwargs["objective"] = dgp.AmortizedELBO()
-    result = dgp.fit(model, guide, X, y, num_steps=STEPS, batch_size=BATCH, lr=lr, seed=0,
+    kwargs.setdefault("seed", 0)
+    result = dgp.fit(model, guide, X, y, num_steps=STEPS, batch_size=BATCH, lr=lr,
                      optimizer=optimizer, progress=False, final_elbo_particles=2, **kwargs)
     return {"losses": result.losses, "grads": Recording.last.grads,
             "model": model.state_dict(), "guide": guide.state_dict(),
@@ -136,7 +167,35 @@ def main(scenario: str, out: str) -> None:
             raise
     elif scenario == "resume":
         seen["deep"] = run(2, "MeanField", distributed=True, checkpoint=checkpoint,
-                           checkpoint_every=5, resume=True)
+                           checkpoint_every=5, resume=True, seed=None)
+    elif scenario in ("raise", "corrupt"):
+        fails = rank == (1 if scenario == "raise" else 0)
+        dgp.infer.distributed.init(timeout=FAULT_TIMEOUT)
+        FailingELBO.fail_at = KILL_AT if scenario == "raise" and fails else None
+        try:
+            if scenario == "raise":
+                run(2, "MeanField", distributed=True, checkpoint=os.path.join(out, "raised.pt"),
+                    checkpoint_every=5, objective=FailingELBO())
+            else:
+                run(2, "MeanField", distributed=True, checkpoint=os.path.join(out, "corrupt.pt"),
+                    resume=True)
+        except Exception as err:
+            _report(err, scenario, rank, out, linger=fails)
+            raise
+    torch.save(seen, os.path.join(out, f"{scenario}_{rank}.pt"))
+
+
+def _report(err: Exception, scenario: str, rank: int, out: str, linger: bool) -> None:
+    """Write what process ``rank`` saw of a failure; ``linger``: stay alive until the other
+    process has written its own (at most ``LINGER`` s), and record whether it had."""
+    seen = {"type": type(err).__name__, "error": str(err),
+            "notes": list(getattr(err, "__notes__", [])), "ranks": getattr(err, "ranks", None),
+            "time": time.time()}
+    other = os.path.join(out, f"{scenario}_{1 - rank}.pt")
+    deadline = time.time() + LINGER
+    while linger and not os.path.exists(other) and time.time() < deadline:
+        time.sleep(0.05)
+    seen["other_reported_meanwhile"] = os.path.exists(other)
     torch.save(seen, os.path.join(out, f"{scenario}_{rank}.pt"))
 
 

@@ -127,3 +127,15 @@ def test_a_checkpoint_of_another_model_or_guide_is_named(data, ckpt):
     with pytest.raises(ValueError, match="holds another guide than this run's Coupled"):
         dgp.fit(model, dgp.guides.Coupled(model), X, y, num_steps=6, batch_size=16, seed=1,
                 progress=False, checkpoint=ckpt, resume=True, lr_schedule="constant")
+
+
+def test_seed_none_resumes_with_the_checkpoints_seed(data, ckpt, tmp_path):
+    """The checkpoint was written with seed=1: resumed with seed=None, the run is the
+    uninterrupted seed-1 run (its final ELBO's draws are seeded by 1 too), unwarned, and its
+    checkpoint still records seed 1."""
+    whole = _run(data, tmp_path / "whole.pt", final_elbo_particles=2)
+    result, caught = _resume_warnings(data, ckpt, seed=None, final_elbo_particles=2)
+    assert not caught
+    assert result.resumed_from == 4 and result.losses == whole.losses
+    assert result.final_elbo == whole.final_elbo
+    assert torch.load(ckpt, weights_only=True)["seed"] == 1

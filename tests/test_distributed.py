@@ -163,6 +163,8 @@ def test_a_dead_process_stops_the_other_and_resume_gives_the_uninterrupted_run(r
     assert codes[1] == -signal.SIGKILL and codes[0] != 0
     report = torch.load(out / "kill_0.pt", weights_only=True)
     assert "process 0 of 2" in report["error"] and "resume=True" in report["error"]
+    # gloo does not say which process closed the connection; of two, it is the other one
+    assert "process 1 died or did not answer within 30 s" in report["error"]
     # the survivor noticed within the timeout (30 s; gloo sees the closed connection at once)
     killed_at = float((out / "killed_at").read_text())
     assert report["time"] - killed_at < 30
@@ -170,6 +172,7 @@ def test_a_dead_process_stops_the_other_and_resume_gives_the_uninterrupted_run(r
     # the next one's all-reduce, checkpointing its start
     saved = torch.load(out / "killed.pt", weights_only=True)
     assert saved["step"] == worker.KILL_AT + 1
+    # resumed with seed=None: the checkpoint's seed 0 seeds the steps' draws again
     assert _launch("resume", out) == [0, 0]
     resumed = torch.load(out / "resume_0.pt", weights_only=True)["deep"]
     assert resumed["resumed_from"] == worker.KILL_AT + 1
@@ -189,6 +192,45 @@ def test_a_silent_process_stops_the_other_within_the_timeout(runs):
     # the next all-reduce (the whole run, start-up included, is far shorter than 10 s more)
     assert report["time"] - t0 < worker.HANG_TIMEOUT + 10
     assert torch.load(out / "hung.pt", weights_only=True)["step"] == worker.KILL_AT + 1
+
+
+def _reports(scenario: str, out: Path) -> list[dict]:
+    return [torch.load(out / f"{scenario}_{r}.pt", weights_only=True) for r in range(WORLD)]
+
+
+def test_an_error_in_one_process_stops_the_other_in_the_same_step_naming_it(runs):
+    """Process 1's objective raises at step KILL_AT; process 1 stays alive after its error.
+    Process 0 learns of it in that step's all-reduce (the failure flags ride in it), not from
+    the timeout (30 s) nor from process 1's closed connection (LINGER s later)."""
+    _, _, out = runs
+    codes = _launch("raise", out)
+    assert codes[0] != 0 and codes[1] != 0
+    survivor, failed = _reports("raise", out)
+    assert failed["type"] == "OSError" and failed["error"] == worker.RAISED
+    assert "process 1 of 2" in failed["notes"][0]
+    assert survivor["type"] == "PeerFailedError" and survivor["ranks"] == [1]
+    assert (f"training at step {worker.KILL_AT} stopped: process 1 failed: OSError: "
+            f"{worker.RAISED}. Fix it, then start all processes again with resume=True"
+            in survivor["error"])
+    assert failed["other_reported_meanwhile"]  # told while process 1 was still alive
+    # process 0 checkpointed the start of the failed step, where both processes were
+    assert torch.load(out / "raised.pt", weights_only=True)["step"] == worker.KILL_AT
+
+
+def test_a_checkpoint_process_0_cannot_read_stops_every_process_naming_why(runs):
+    """Resuming from a corrupt file: process 0 fails to read it and stays alive after its
+    error; process 1 is told why at once instead of waiting for the checkpoint's bytes."""
+    _, _, out = runs
+    (out / "corrupt.pt").write_bytes(b"not a checkpoint" * 64)
+    codes = _launch("corrupt", out)
+    assert codes[0] != 0 and codes[1] != 0
+    failed, told = _reports("corrupt", out)
+    assert failed["type"] == "ValueError" and "cannot read" in failed["error"]
+    assert "process 0 of 2" in failed["notes"][0]
+    assert told["type"] == "PeerFailedError" and told["ranks"] == [0]
+    assert "reading the checkpoint to resume from stopped: process 0 failed: ValueError" \
+        in told["error"] and str(out / "corrupt.pt") in told["error"]
+    assert failed["other_reported_meanwhile"]
 
 
 def test_a_global_batch_splits_into_contiguous_parts_whose_shares_add_to_one():

@@ -46,7 +46,7 @@ import contextlib
 import datetime
 import io
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import pyro
@@ -65,7 +65,16 @@ _ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 class PeerFailedError(RuntimeError):
-    """Another process of a data-parallel run died or did not answer within the timeout."""
+    """Another process of a data-parallel run failed (``ranks``: which, where known; the
+    message gives each one's error), died, or did not answer within the timeout."""
+
+    def __init__(self, message: str, ranks: list[int] | None = None):
+        super().__init__(message)
+        self.ranks = ranks
+
+
+#: bytes of a process's error message that the others receive (:meth:`DataParallel.errors`)
+MESSAGE_BYTES = 2000
 
 
 def backend_for(device) -> str:
@@ -191,18 +200,83 @@ class DataParallel:
     # ---------------------------------------------------------------- failures
     @contextlib.contextmanager
     def _collective(self, what: str):
-        """Turn a collective's failure into :class:`PeerFailedError` with what to do."""
+        """Turn a collective's failure into :class:`PeerFailedError` with what to do. Gloo
+        and NCCL do not say which process closed its connection or fell silent; with two
+        processes it can only be the other one."""
         try:
             yield
         except RuntimeError as err:  # DistBackendError and gloo's errors are RuntimeErrors
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            when = f" at step {self.step}" if self.step is not None else ""
+            others = [r for r in range(self.world_size) if r != self.rank]
+            who = (f"process {others[0]}" if len(others) == 1 else
+                   "another process of the run (the backend does not say which)")
             raise PeerFailedError(
-                f"process {self.rank} of {self.world_size}: {what}{when} failed: another "
-                f"process of the run died or did not answer within {self.timeout:g} s "
-                f"({first}). Start all processes again with resume=True (pyro-dgp fit "
-                "--resume): they continue from process 0's last checkpoint."
-            ) from err
+                f"process {self.rank} of {self.world_size}: {what}{self._when()} failed: "
+                f"{who} died or did not answer within {self.timeout:g} s ({first}). "
+                f"{_RESTART}", others if len(others) == 1 else None) from err
+
+    def _when(self) -> str:
+        return f" at step {self.step}" if self.step is not None else ""
+
+    def errors(self, error: BaseException | None) -> dict[int, str]:
+        """Every process's error, by rank, of the processes that had one (``error``: this
+        process's, or ``None``): each one's message, up to :data:`MESSAGE_BYTES` bytes of
+        UTF-8, in two all-gathers (the lengths, then the padded bytes); every process must
+        call it."""
+        text = "" if error is None else _one_line(error)
+        mine = text.encode()[:MESSAGE_BYTES]
+        length = torch.tensor([len(mine)], dtype=torch.int64, device=self.device)
+        lengths = [torch.empty_like(length) for _ in range(self.world_size)]
+        with self._collective("exchanging the processes' errors"):
+            torch_dist.all_gather(lengths, length)
+            size = max(int(n.item()) for n in lengths)
+            if size == 0:
+                return {}
+            padded = torch.zeros(size, dtype=torch.uint8)
+            if mine:
+                padded[: len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
+            padded = padded.to(self.device)
+            gathered = [torch.empty_like(padded) for _ in range(self.world_size)]
+            torch_dist.all_gather(gathered, padded)
+        return {rank: bytes(data[: int(n.item())].cpu().tolist()).decode(errors="replace")
+                for rank, (n, data) in enumerate(zip(lengths, gathered, strict=True))
+                if int(n.item()) > 0}
+
+    def agree(self, what: str, error: Exception | None, advice: str = "") -> None:
+        """Every process's outcome of ``what`` on every process (:meth:`errors`): where one
+        failed, every process stops: the failed ones with their own error (a note naming the
+        process added), the others with :class:`PeerFailedError` naming the failed processes
+        and their errors, and ``advice`` (default: fix it and start them all again). Every
+        process must call it."""
+        self.stop_if_failed(what, error, self.errors(error), advice)
+
+    def stop_if_failed(self, what: str, error: Exception | None, failures: dict[int, str],
+                       advice: str = "") -> None:
+        """Raise as :meth:`agree` says where ``failures`` (by rank) is not empty."""
+        if error is not None:
+            error.add_note(f"(process {self.rank} of {self.world_size}, {what}{self._when()}: "
+                           "the other processes were told and stopped too)")
+            raise error
+        if failures:
+            named = "; ".join(f"process {rank} failed: {text}"
+                              for rank, text in sorted(failures.items()))
+            raise PeerFailedError(
+                f"process {self.rank} of {self.world_size}: {what}{self._when()} stopped: "
+                f"{named}. {advice or _FIX}", sorted(failures))
+
+    @contextlib.contextmanager
+    def together(self, what: str):
+        """Run the body on every process, then :meth:`agree` on its outcome: an error in one
+        process stops all of them at once, rather than leaving the others waiting in their
+        next collective until the timeout."""
+        error = None
+        try:
+            yield
+        except PeerFailedError:
+            raise  # a collective of the body failed: the group can agree on nothing more
+        except Exception as err:  # noqa: BLE001 (every error of the body is reported)
+            error = err
+        self.agree(what, error)
 
     # ---------------------------------------------------------------- the batch
     def shard(self, batch_size: int) -> tuple[int, int]:
@@ -258,22 +332,32 @@ class DataParallel:
                 for t, part in zip(group, flat.split([t.numel() for t in group]), strict=True):
                     t.copy_(part.view_as(t))
 
-    def all_reduce(self, params: list[torch.Tensor], loss: float) -> float:
+    def all_reduce(self, params: list[torch.Tensor], loss: float,
+                   error: Exception | None = None) -> float:
         """Sum the parameters' ``.grad`` and ``loss`` over the processes (in place); returns
         the summed loss. A parameter without a gradient in every process keeps ``None``, as in
-        one process (the optimiser then skips it)."""
+        one process (the optimiser then skips it).
+
+        ``error``: this process's failure in the step (its gradients are then not used). One
+        flag per process rides in the float64 buffer (``world_size`` numbers more in the
+        collective the step makes anyway), so every process learns in this all-reduce which
+        failed; then they exchange the errors (:meth:`errors`) and all stop
+        (:meth:`stop_if_failed`)."""
         groups = _by_dtype(params)
         if torch.float64 not in groups:
             groups[torch.float64] = []
+        failed = torch.zeros(self.world_size, dtype=torch.float64)
+        failed[self.rank] = float(error is not None)
         with torch.no_grad(), self._collective("the all-reduce of the gradients"):
             for dtype, group in groups.items():
                 parts = [p.grad.reshape(-1) if p.grad is not None
                          else torch.zeros(p.numel(), dtype=dtype, device=p.device)
                          for p in group]
-                # one flag per parameter (it had a gradient), and the loss with float64
+                # one flag per parameter (it had a gradient); with float64 the processes'
+                # failure flags and the loss
                 flags = torch.tensor([float(p.grad is not None) for p in group], dtype=dtype)
-                extra = [flags, torch.tensor([loss], dtype=dtype)] if dtype == torch.float64 \
-                    else [flags]
+                extra = [flags, failed, torch.tensor([loss], dtype=dtype)] \
+                    if dtype == torch.float64 else [flags]
                 flat = torch.cat([t.to(self.device) for t in parts + extra])
                 torch_dist.all_reduce(flat)
                 values = flat[: flat.numel() - sum(t.numel() for t in extra)]
@@ -283,7 +367,10 @@ class DataParallel:
                     if flag > 0:
                         p.grad = part.view_as(p).to(p.device).clone()
                 if dtype == torch.float64:
+                    failed = flat[-1 - self.world_size: -1].cpu()
                     loss = float(flat[-1])
+        if failed.any():
+            self.stop_if_failed("training", error, self.errors(error), f"Fix it, then {_RESUME}")
         return loss
 
     def sum(self, values: torch.Tensor) -> torch.Tensor:
@@ -294,6 +381,20 @@ class DataParallel:
         return flat.to(values.device)
 
     # ---------------------------------------------------------------- checkpoints
+    def share_checkpoint(self, read: Callable[[], dict | None],
+                         map_location=None) -> dict | None:
+        """``read()`` (the checkpoint, or ``None`` where there is none) in process 0, on every
+        process. Where process 0 cannot read it (corrupt, not a checkpoint, unreadable),
+        every process stops with its error (:meth:`agree`) before anything is sent."""
+        state, error = None, None
+        if self.writer:
+            try:
+                state = read()
+            except Exception as err:  # noqa: BLE001 (reported to every process)
+                error = err
+        self.agree("reading the checkpoint to resume from", error)
+        return self.broadcast_state(state, map_location)
+
     def broadcast_state(self, state: dict | None, map_location=None) -> dict | None:
         """Process 0's ``state`` (a checkpoint: tensors and plain data, or ``None``) on every
         process: serialised by ``torch.save`` and read back with ``weights_only=True``."""
@@ -316,6 +417,18 @@ class DataParallel:
             return state
         return torch.load(io.BytesIO(data.cpu().numpy().tobytes()), map_location=map_location,
                           weights_only=True)
+
+
+_RESUME = ("start all processes again with resume=True (pyro-dgp fit --resume): they "
+           "continue from process 0's last checkpoint.")
+_RESTART = _RESUME[0].upper() + _RESUME[1:]
+_FIX = "Fix it and start all processes again."
+
+
+def _one_line(error: BaseException) -> str:
+    """``Type: message`` of ``error``, its lines joined."""
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _by_dtype(tensors) -> dict[torch.dtype, list[torch.Tensor]]:

@@ -8,6 +8,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pyro
 import torch
@@ -24,7 +25,7 @@ from .natgrad import NaturalGradient, NaturalStepError
 from .optim import LRSchedule, drop_non_finite_moments
 from .progress import Progress
 
-__all__ = ["FitResult", "Trainer", "TrainingDivergedError"]
+__all__ = ["FitResult", "Trainer", "TrainingDivergedError", "resume_state"]
 
 
 class TrainingDivergedError(FloatingPointError):
@@ -124,22 +125,19 @@ class Trainer:
             return {"loss": f"{loss_per_point:.4f}/pt"}
         return {"elbo": f"{-loss_per_point:.4f}/pt"}
 
-    def resume(self) -> None:
-        """Continue from the checkpoint, if it exists (parameters, moments, streams, losses);
-        warn when it does not (the run starts from step 0)."""
-        if self.path is None:
-            raise ValueError("resume=True needs a checkpoint path")
-        state = None
-        if self.writer and self.path.exists():
-            state = read_checkpoint(self.path, map_location=self.device)
-        if self.parallel is not None:  # process 0's checkpoint, on every process
-            state = self.parallel.broadcast_state(state, map_location=self.device)
+    def resume(self, state: dict | None) -> None:
+        """Continue from ``state``, the checkpoint :func:`resume_state` read (parameters,
+        moments, streams, losses); ``None``: there was none, the run starts from step 0. In a
+        data-parallel run every process loads it, and an error in one (a checkpoint of another
+        model, say) stops all of them at once."""
         if state is None:
-            if self.writer:
-                # stacklevel 5: resume, _fit, fit, its error-unwrapping wrapper, the user
-                warnings.warn(f"resume=True, but there is no checkpoint at {self.path}: "
-                              "training starts from step 0", UserWarning, stacklevel=5)
             return
+        with (contextlib.nullcontext() if self.parallel is None else
+              self.parallel.together("resuming from the checkpoint")):
+            self._load(state)
+
+    def _load(self, state: dict) -> None:
+        """Check ``state`` against this run and load it."""
         self.check_resumable(state)
         for part, module in (("model", self.model), ("guide", self.guide)):
             try:
@@ -193,9 +191,10 @@ class Trainer:
             if name == "num_steps" and not self.schedule.decays:
                 continue  # the rate does not depend on it
             if name in state and state[name] != now:
-                warnings.warn(  # at the user's call of fit, as in resume
+                warnings.warn(  # at the user's call: check_resumable, _load, resume, _fit,
+                    # fit, its error-unwrapping wrapper, the user
                     f"resuming with {name}={now}; the checkpoint was written with "
-                    f"{name}={state[name]}: {_CHANGED[name]}", UserWarning, stacklevel=6)
+                    f"{name}={state[name]}: {_CHANGED[name]}", UserWarning, stacklevel=7)
 
     def save(self, step: int, rng: dict | None = None) -> None:
         """Checkpoint at the start of ``step``; ``rng``: the random state there, if the
@@ -295,7 +294,8 @@ class Trainer:
             "jitter."
         )
 
-    def step(self, step: int, step_rng) -> float:
+    def local_step(self, step: int) -> tuple[float, Exception | None]:
+        """This process's part of ``step``: its batch, the rate, its loss and gradients."""
         args = self.batches.draw(self.generator)
         factor = self.schedule.factor(step, self.num_steps)
         for group, lr in zip(self.opt.param_groups, self.base_lrs, strict=True):
@@ -310,8 +310,20 @@ class Trainer:
                 self.parallel.step = step
                 self.parallel.seed_step(self.seed, step)
             loss, failure = self.loss_and_grads(step, args)
-        if self.parallel is not None:  # the gradient and loss of the global batch
-            loss = self.parallel.all_reduce(self.params, loss)
+        return loss, failure
+
+    def step(self, step: int, step_rng) -> float:
+        if self.parallel is None:
+            loss, failure = self.local_step(step)
+        else:
+            # an error in this process's part goes to the all-reduce, which every process
+            # reaches: all of them stop there, told which process failed and why
+            error = None
+            try:
+                loss, failure = self.local_step(step)
+            except Exception as err:  # noqa: BLE001 (reported to every process)
+                loss, failure, error = math.nan, None, err
+            loss = self.parallel.all_reduce(self.params, loss, error)
             if failure is not None and step == self.start:
                 raise failure  # the starting parameters themselves: not a divergence
         if not math.isfinite(loss):
@@ -397,3 +409,23 @@ class Trainer:
             step=done, loss=loss, loss_per_point=loss / self.batches.num_data,
             smoothed=self.monitor.smoothed, lr=self.opt.param_groups[0]["lr"],
             validation=validation, model=self.model, guide=self.guide))
+
+
+def resume_state(path: Path | None, device: torch.device,
+                 parallel: DataParallel | None = None) -> dict | None:
+    """The checkpoint at ``path`` to resume from, on ``device``; ``None``, warned, where there
+    is none (the run starts from step 0). In a data-parallel run process 0 reads it and sends
+    it to every process (:meth:`DataParallel.share_checkpoint`): where it cannot (a corrupt
+    file, not a checkpoint), every process stops at once, told why."""
+    if path is None:
+        raise ValueError("resume=True needs a checkpoint path")
+
+    def read() -> dict | None:
+        return read_checkpoint(path, map_location=device) if path.exists() else None
+
+    state = read() if parallel is None else parallel.share_checkpoint(read, map_location=device)
+    if state is None and (parallel is None or parallel.writer):
+        # stacklevel 5: resume_state, _fit, fit, its error-unwrapping wrapper, the user
+        warnings.warn(f"resume=True, but there is no checkpoint at {path}: training starts "
+                      "from step 0", UserWarning, stacklevel=5)
+    return state

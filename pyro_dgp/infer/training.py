@@ -20,7 +20,9 @@ step only, so a resumed run follows it exactly.
 
 **Checkpoints.** ``checkpoint`` is written every ``checkpoint_every`` steps, at the end, on
 divergence and on KeyboardInterrupt; ``resume=True`` continues from it exactly (parameters,
-optimizer moments, random streams, loss history, early stopping's state).
+optimizer moments, random streams, loss history, early stopping's state). With ``seed=None``
+a resumed run takes the checkpoint's seed (that of the draws of a data-parallel run's steps,
+of the final ELBO and of the validation loss), so it goes on as the run that wrote it.
 
 **Watching a run.** ``progress=True`` draws a bar when stderr is a terminal and otherwise
 prints a line every tenth of the run (a log file or a notebook gets no bar's redraws);
@@ -91,7 +93,7 @@ from .natgrad import NaturalGradient
 from .objectives import make_objective
 from .optim import make_optimizer, parameters_of, resolve_lr_schedule, warn_if_taken_from_store
 from .threads import num_threads, step_work, threads_for
-from .trainer import FitResult, Trainer, TrainingDivergedError
+from .trainer import FitResult, Trainer, TrainingDivergedError, resume_state
 
 __all__ = ["FitResult", "StepInfo", "TrainingDivergedError", "TrainingInstabilityWarning", "fit",
            "make_objective", "make_optimizer"]
@@ -265,7 +267,9 @@ def fit(
     :param objective: a Pyro ELBO or a name (:func:`make_objective`); ``"alpha"``: the local
         alpha-divergence objective with ``alpha`` and ``num_samples`` (shown as ``loss/pt``).
     :param seed: seeds Pyro/torch/numpy and the minibatch stream, in ``[0, 2**32 - 1]``
-        (``None``: leave as is). :param optimizer: an Optimizer class (or ``(params, lr=)``).
+        (``None``: leave as is; resuming from a checkpoint, the checkpoint's seed, so that
+        the run goes on as the one that wrote it).
+    :param optimizer: an Optimizer class (or ``(params, lr=)``).
     :param checkpoint: file written every ``checkpoint_every`` steps, at the end, on divergence
         and on KeyboardInterrupt; ``resume=True`` continues from it exactly.
     :param lr_schedule: ``"cosine"`` (default), ``"exponential"``, ``"constant"`` or
@@ -349,6 +353,10 @@ def _fit(model, guide, batches: Batches, parallel: DataParallel | None, *, num_s
          optimizer, schedule, final_elbo_particles, natural_gradient, alpha, num_samples,
          cuda_graph, watchers):
     """:func:`fit` after its checks, with its thread count set."""
+    path = Path(checkpoint) if checkpoint is not None else None
+    state = resume_state(path, batches.device, parallel) if resume else None
+    if seed is None and state is not None and state.get("seed") is not None:
+        seed = int(state["seed"])  # the resumed run goes on with its random streams' seed
     if parallel is not None:
         seed = parallel.common_seed(seed)
     if seed is not None:
@@ -375,13 +383,12 @@ def _fit(model, guide, batches: Batches, parallel: DataParallel | None, *, num_s
         parallel.check_same_structure(params)
         parallel.broadcast([*params, *model.buffers(), *guide.buffers()])
     opt = make_optimizer(optimizer, params, lr)
-    path = Path(checkpoint) if checkpoint is not None else None
     natural = None if natural_gradient is None else NaturalGradient(guide, natural_gradient)
     training = Trainer(model, guide, elbo, batches, opt, params, generator, lr, schedule,
                        num_steps, path, natural, parallel, seed, cuda_graph,
                        _watchers(model, guide, elbo, batches, seed, progress, *watchers))
     if resume:
-        training.resume()
+        training.resume(state)
         if natural is not None:
             natural.num_steps = training.start
     result = training.run(checkpoint_every)
