@@ -104,6 +104,40 @@ def test_another_length_under_a_decaying_schedule_is_warned(data, tmp_path):
     assert result.resumed_from == 4 and not caught
 
 
+def test_a_checkpoint_from_before_schedules_resumes_as_a_constant_rate(data, ckpt):
+    """A checkpoint that records no schedule was written at a constant rate: resuming it under
+    the default cosine schedule is warned, at ``lr_schedule='constant'`` it is not."""
+    from pyro_dgp.infer.checkpoint import atomic_save
+
+    state = torch.load(ckpt, weights_only=True)
+    for key in ("lr_schedule", "lr_decay", "num_steps"):
+        del state[key]
+    atomic_save(ckpt, state)
+    result, caught = _resume_warnings(data, ckpt)
+    assert result.resumed_from == 4 and not caught
+    atomic_save(ckpt, state)
+    result, caught = _resume_warnings(data, ckpt, lr_schedule=None)
+    assert result.resumed_from == 4 and len(caught) == 1
+    assert "lr_schedule=cosine; the checkpoint was written with lr_schedule=constant" in str(
+        caught[0].message)
+
+
+def test_another_function_schedule_is_warned(data, tmp_path):
+    path = tmp_path / "function.pt"
+
+    def halving(step, num_steps):
+        return 0.5 ** step
+
+    def steady(step, num_steps):
+        return 1.0
+
+    _run(data, path, num_steps=4, lr_schedule=halving)
+    result, caught = _resume_warnings(data, path, num_steps=4, lr_schedule=halving)
+    assert result.resumed_from == 4 and not caught
+    result, caught = _resume_warnings(data, path, num_steps=4, lr_schedule=steady)
+    assert len(caught) == 1 and "steady" in str(caught[0].message)
+
+
 def test_a_saved_fit_is_not_taken_for_a_checkpoint(data, tmp_path):
     X, y = data.X_train, data.y_train
     model = dgp.DeepGP.regression(X, y, num_layers=1, num_inducing=5)

@@ -141,6 +141,42 @@ def test_early_stopping_stops_after_patience_and_restores_the_best_iterate(step)
         assert torch.equal(now[k], best[k]), k
 
 
+class _UnscaledGaussian(pyro.nn.PyroModule):
+    """A hand-written model whose data plate has no full size (its likelihood scaled 1)."""
+
+    def __init__(self, X):
+        super().__init__()
+        self.layer = dgp.GPLayer(1, 1, inducing_points=X[::8].clone())
+
+    def forward(self, X, y=None):
+        plate = pyro.plate("data", X.shape[-2], dim=-1)
+        f = self.layer(X, plate=plate)
+        with plate:
+            return pyro.sample("y", pyro.distributions.Normal(f.squeeze(-1), 0.1), obs=y)
+
+
+def test_validation_of_a_model_that_does_not_scale_its_data_is_refused(step):
+    """Held-out rows are scored as a minibatch of the training points: a model whose data plate
+    scales by 1 would weigh them V / N, so the run is refused before its first step."""
+    model = _UnscaledGaussian(step.X_train)
+    guide = dgp.guides.MeanField(model)
+    with pytest.raises(ValueError, match=r"validation=\(X_val, y_val\) scores 40 held-out rows"
+                       r".*observation site 'y' by 1,.*pyro\.plate\('data', size=N"):
+        dgp.fit(model, guide, step.X_train, step.y_train, num_steps=3,
+                validation=(step.X_test, step.y_test), **QUIET)
+    # a validation function is the model's own business
+    dgp.fit(model, guide, step.X_train, step.y_train, num_steps=3, validate_every=1,
+            validation=lambda m, g: 1.0, **QUIET)
+
+
+@pytest.mark.parametrize("score", [float("nan"), torch.tensor([1.0, 2.0]), "low"])
+def test_a_validation_score_that_is_not_one_finite_number_is_named(step, score):
+    model, guide = _small(step, layers=1)
+    with pytest.raises((ValueError, TypeError), match="validation: the score after step 1"):
+        dgp.fit(model, guide, step.X_train, step.y_train, num_steps=3, validate_every=1,
+                validation=lambda m, g: score, **QUIET)
+
+
 def test_the_validation_loss_is_the_objective_per_point_on_held_out_data(step):
     # one layer with the analytic-KL objective: no draws, so the loss of the training data
     # as validation data is the negative ELBO per point exactly
@@ -188,6 +224,10 @@ def test_early_stopping_resumes_exactly(step, tmp_path):
     state = _state(model, guide)
     for k in reference:
         assert torch.equal(state[k], reference[k]), k
+    model, guide = _small(step)
+    with pytest.warns(UserWarning, match="validation every 4 steps; the checkpoint validated "
+                      "every 3"):
+        dgp.fit(model, guide, X, y, checkpoint=ckpt, resume=True, **{**kw, "validate_every": 4})
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [

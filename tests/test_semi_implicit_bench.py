@@ -59,7 +59,7 @@ def test_toy_part_records_nuts_and_each_guide():
     guide = make_guide("meanfield", model)
     with gold.fixed_hyperparameters(model):
         fit(model, guide, X, y, num_steps=3, lr=5e-3, seed=0, progress=False,
-            final_elbo_particles=2)
+            final_elbo_particles=2, lr_schedule="constant")  # as the benchmark trains
     distance = gold.predictive_distance(reference.predict(grid, seed=0),
                                         predict(model, guide, grid, num_samples=8, seed=0),
                                         seed=0)

@@ -142,5 +142,6 @@ def _other_model(guide, layer: GPLayer, name: str) -> TypeError:
         "runs here with another model (pyro.infer.SVI(model, guide), or poutine.replay on its "
         f"trace), whose layer '{name}' is {_describe(layer)}: the guide's draws would train its "
         "own model, not this one. Build the guide on the model you pass to SVI: "
-        "guides.MeanField(model) (a copy of a model needs its guide copied with it: "
-        "copy.deepcopy((model, guide))).")
+        "guides.MeanField(model); a copy of a model needs its guide copied or saved with it: "
+        "copy.deepcopy((model, guide)), torch.save((model, guide), path), or state_dict() "
+        "of each loaded into a freshly built pair.")

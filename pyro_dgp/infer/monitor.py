@@ -142,16 +142,24 @@ class EarlyStopping:
     :param score: ``() -> float``, the validation loss at the current parameters (lower is
         better).
     :param every: steps between evaluations. :param patience: evaluations without a better
-        score after which the run stops.
+        score after which the run stops. :param check: ``() -> None``, raises where the
+        validation cannot be scored (called once the guide is set up, before the first step).
     """
 
-    def __init__(self, score: Callable[[], float], every: int, patience: int, model, guide):
+    def __init__(self, score: Callable[[], float], every: int, patience: int, model, guide,
+                 check: Callable[[], None] | None = None):
         self.score, self.every, self.patience = score, every, patience
+        self._check = check
         self.model, self.guide = model, guide
         self.history: list[tuple[int, float]] = []
         self.best, self.best_step, self.since_best = math.inf, 0, 0
         self.best_state: dict | None = None
         self.stopped = False
+
+    def check(self) -> None:
+        """Refuse, before the run, a validation that cannot be scored (the guide set up)."""
+        if self._check is not None:
+            self._check()
 
     def due(self, steps_done: int, last: bool) -> bool:
         """Whether to evaluate after ``steps_done`` steps (every ``every``, and at the end)."""
@@ -160,9 +168,9 @@ class EarlyStopping:
 
     def evaluate(self, steps_done: int) -> bool:
         """Score the fit after ``steps_done`` steps; ``True`` when patience has run out."""
-        value = float(self.score())
+        value = _finite_score(self.score(), steps_done)
         self.history.append((steps_done, value))
-        if value < self.best:  # a NaN never is
+        if value < self.best:
             self.best, self.best_step, self.since_best = value, steps_done, 0
             self.best_state = {"model": _copy_state(self.model), "guide": _copy_state(self.guide)}
         else:
@@ -188,6 +196,12 @@ class EarlyStopping:
                 "patience": self.patience}
 
     def load_state_dict(self, state: dict) -> None:
+        if int(state["every"]) != self.every:
+            warnings.warn(
+                f"resuming with validation every {self.every} steps; the checkpoint validated "
+                f"every {state['every']} (validate_every, by default num_steps // 50): the "
+                "evaluations fall on other steps than the run before would have scored",
+                UserWarning, stacklevel=7)
         self.history = [(int(s), float(v)) for s, v in state["history"]]
         self.best, self.best_step = float(state["best"]), int(state["best_step"])
         self.since_best, self.best_state = int(state["since_best"]), state["best_state"]
@@ -222,6 +236,25 @@ class Watchers:
                 if request is not None and bool(request) and reason is None:
                     reason = f"stopped by the callback {_name_of(callback)}"
         return reason
+
+
+def _finite_score(score, steps_done: int) -> float:
+    """A validation score as a float; a score that is not one finite number is an error
+    naming ``validation`` (a NaN would otherwise never be best, and stop the run silently)."""
+    if isinstance(score, torch.Tensor):
+        if score.numel() != 1:
+            raise ValueError(f"validation: the score after step {steps_done} has shape "
+                             f"{tuple(score.shape)}; it must be one number")
+        score = score.item()
+    try:
+        value = float(score)
+    except (TypeError, ValueError):
+        raise TypeError(f"validation: the score after step {steps_done} must be a number, got "
+                        f"{type(score).__name__}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"validation: the score after step {steps_done} is {value}; it must "
+                         "be finite (a diverged fit, or a validation function that failed)")
+    return value
 
 
 def _name_of(callback) -> str:

@@ -32,9 +32,12 @@ class LRSchedule:
         return lr_factor(self.shape, self.decay, step, num_steps)
 
     @property
-    def name(self) -> str | None:
-        """The shape's name, as a checkpoint records it (``None``: a function)."""
-        return self.shape if isinstance(self.shape, str) else None
+    def name(self) -> str:
+        """The shape's name, as a checkpoint records it (a function: ``function <its
+        qualified name>``)."""
+        if isinstance(self.shape, str):
+            return self.shape
+        return f"function {getattr(self.shape, '__qualname__', type(self.shape).__name__)}"
 
     @property
     def decays(self) -> bool:

@@ -183,6 +183,8 @@ class Trainer:
                 f"the checkpoint included; pass num_steps >= {step}")
         if not self.writer:
             return
+        if "lr_schedule" not in state:  # written before schedules: a constant rate
+            state = {**state, "lr_schedule": "constant", "lr_decay": 1.0}
         for name, now in (("lr", self.lr), ("batch_size", self.batches.batch_size),
                           ("seed", self.seed), ("lr_schedule", self.schedule.name),
                           ("lr_decay", self.schedule.decay), ("num_steps", self.num_steps)):

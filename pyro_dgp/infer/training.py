@@ -81,8 +81,9 @@ from .chunked import fit_elbo
 from .cuda_graph import check_graph_options
 from .distributed import DataParallel, check_objective, for_fit
 from .draws import check_guide_of
-from .minibatch import check_minibatch_scale
+from .minibatch import FULL_SIZE_PLATE, check_minibatch_scale, misscaled_observations
 from .monitor import (
+    VALIDATION_CHUNK_ROWS,
     EarlyStopping,
     StepInfo,
     TrainingInstabilityWarning,
@@ -325,9 +326,25 @@ def _watchers(model, guide, elbo, batches: Batches, seed, progress, validation, 
 
             def score():
                 return validation_loss(model, guide, elbo, X_val, y_val, batches.num_data, seed)
+
+            def check():
+                _check_validation_scale(model, guide, X_val, y_val, batches.num_data)
         stopping = EarlyStopping(score, validate_every,
-                                 math.inf if patience is None else patience, model, guide)
+                                 math.inf if patience is None else patience, model, guide,
+                                 check=None if callable(validation) else check)
     return Watchers(callbacks, callback_every, stopping, _check_progress(progress))
+
+
+def _check_validation_scale(model, guide, X_val, y_val, num_data: int) -> None:
+    """``validation=(X_val, y_val)`` scores its rows as a minibatch of the ``N`` training
+    points, so the model must scale its observations ``N / B`` (as a minibatched fit needs)."""
+    n = min(X_val.shape[-2], num_data, VALIDATION_CHUNK_ROWS)
+    problems = misscaled_observations(model, guide, X_val[..., :n, :], y_val[:n], num_data)
+    if problems:
+        raise ValueError(
+            f"validation=(X_val, y_val) scores {n} held-out rows as a minibatch of the "
+            f"{num_data} training points, but {'; '.join(problems)}. To score it, "
+            f"{FULL_SIZE_PLATE}, or pass validation=callable (model, guide) -> loss")
 
 
 def _batches(model, X, y, B: int, distributed: bool, objective, natural_gradient):
@@ -376,6 +393,9 @@ def _fit(model, guide, batches: Batches, parallel: DataParallel | None, *, num_s
     if batches.local_size < batches.num_data:
         n = batches.local_size
         check_minibatch_scale(model, guide, X0[:n], y0[:n], batches.num_data)
+    watching = _watchers(model, guide, elbo, batches, seed, progress, *watchers)
+    if watching.early_stopping is not None:
+        watching.early_stopping.check()
     if parallel is not None:
         check_objective(elbo)
     params = parameters_of(model, guide)
@@ -385,8 +405,7 @@ def _fit(model, guide, batches: Batches, parallel: DataParallel | None, *, num_s
     opt = make_optimizer(optimizer, params, lr)
     natural = None if natural_gradient is None else NaturalGradient(guide, natural_gradient)
     training = Trainer(model, guide, elbo, batches, opt, params, generator, lr, schedule,
-                       num_steps, path, natural, parallel, seed, cuda_graph,
-                       _watchers(model, guide, elbo, batches, seed, progress, *watchers))
+                       num_steps, path, natural, parallel, seed, cuda_graph, watching)
     if resume:
         training.resume(state)
         if natural is not None:
