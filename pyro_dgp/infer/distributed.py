@@ -346,8 +346,10 @@ class DataParallel:
         groups = _by_dtype(params)
         if torch.float64 not in groups:
             groups[torch.float64] = []
-        failed = torch.zeros(self.world_size, dtype=torch.float64)
-        failed[self.rank] = float(error is not None)
+        # the float64 buffer's tail: a failure flag per process, and the loss
+        tail = [0.0] * self.world_size + [loss]
+        tail[self.rank] = float(error is not None)
+        failed = []
         with torch.no_grad(), self._collective("the all-reduce of the gradients"):
             for dtype, group in groups.items():
                 parts = [p.grad.reshape(-1) if p.grad is not None
@@ -356,8 +358,8 @@ class DataParallel:
                 # one flag per parameter (it had a gradient); with float64 the processes'
                 # failure flags and the loss
                 flags = torch.tensor([float(p.grad is not None) for p in group], dtype=dtype)
-                extra = [flags, failed, torch.tensor([loss], dtype=dtype)] \
-                    if dtype == torch.float64 else [flags]
+                extra = [flags, torch.tensor(tail, dtype=dtype)] if dtype == torch.float64 \
+                    else [flags]
                 flat = torch.cat([t.to(self.device) for t in parts + extra])
                 torch_dist.all_reduce(flat)
                 values = flat[: flat.numel() - sum(t.numel() for t in extra)]
@@ -367,9 +369,8 @@ class DataParallel:
                     if flag > 0:
                         p.grad = part.view_as(p).to(p.device).clone()
                 if dtype == torch.float64:
-                    failed = flat[-1 - self.world_size: -1].cpu()
-                    loss = float(flat[-1])
-        if failed.any():
+                    *failed, loss = flat[-1 - self.world_size:].tolist()
+        if any(flag > 0 for flag in failed):
             self.stop_if_failed("training", error, self.errors(error), f"Fix it, then {_RESUME}")
         return loss
 
