@@ -35,6 +35,14 @@ and the processes' draws are independent. The estimate of ``L`` is unbiased as o
 process's is; it equals one process's exactly where the objective has no draws (a one-layer
 model with collapsed ``q(u)``, the deterministic amortized rules).
 
+A process whose part of a step raises still takes part in the step's all-reduce, with its
+failure flag set (one number per process in the float64 buffer summed anyway), so every
+process learns of it in that step; the processes then exchange the errors and all stop, the
+others with :class:`PeerFailedError` naming the failed process and its error
+(:meth:`DataParallel.all_reduce`). Resuming, process 0's failure to read the checkpoint is
+agreed on the same way (:meth:`DataParallel.share_checkpoint`). A process that dies outright
+is noticed by the backend: at once where its connection closes, else at the timeout.
+
 Objectives must be sums over data points plus global terms with a ``differentiable_loss``
 (the ELBOs, the local alpha objective, :class:`~pyro_dgp.AmortizedELBO`); the Renyi bound,
 a log-mean-exp over draws of a sum over points, is not, and is refused.
