@@ -11,9 +11,10 @@ two-layer run, whose process 1 kills itself at step 12;
 ``resume``: the two-layer run resumed with ``seed=None`` from the checkpoint ``kill`` left
 (the checkpoint's seed is taken); ``raise``: the two-layer run whose process 1 raises an
 error in step 12's objective; ``corrupt``: the two-layer run resumed from a file that is no
-checkpoint (``OUT/corrupt.pt``), which process 0 fails to read. Each process writes what it
-saw to ``OUT/<scenario>_<rank>.pt``. The problems and the recording optimiser are shared
-with the test, which computes the one-process references.
+checkpoint (``OUT/corrupt.pt``), which process 0 fails to read; ``othermodel``: the two-layer
+run with ``Coupled`` resumed from ``main``'s checkpoint of ``MeanField``. Each process writes
+what it saw to ``OUT/<scenario>_<rank>.pt``. The problems and the recording optimiser are
+shared with the test, which computes the one-process references.
 
 In ``raise`` and ``corrupt`` the process that fails stays alive after its error until the
 other has reported its own (at most ``LINGER`` seconds), as a process whose script handles
@@ -181,6 +182,13 @@ def main(scenario: str, out: str) -> None:
                     resume=True)
         except Exception as err:
             _report(err, scenario, rank, out, linger=fails)
+            raise
+    elif scenario == "othermodel":
+        try:
+            run(2, "Coupled", distributed=True, checkpoint=os.path.join(out, "deep.pt"),
+                resume=True)
+        except Exception as err:
+            _report(err, scenario, rank, out, linger=False)
             raise
     torch.save(seen, os.path.join(out, f"{scenario}_{rank}.pt"))
 

@@ -233,6 +233,14 @@ def test_a_checkpoint_process_0_cannot_read_stops_every_process_naming_why(runs)
     assert failed["other_reported_meanwhile"]
 
 
+def test_a_checkpoint_of_another_guide_stops_every_process_with_the_reason(runs):
+    _, _, out = runs
+    assert all(code != 0 for code in _launch("othermodel", out))
+    for rank, report in enumerate(_reports("othermodel", out)):
+        assert report["type"] == "ValueError" and "holds another guide" in report["error"]
+        assert f"process {rank} of 2, resuming from the checkpoint" in report["notes"][0]
+
+
 def test_a_global_batch_splits_into_contiguous_parts_whose_shares_add_to_one():
     X = torch.arange(40.0, dtype=torch.float64).reshape(20, 2)
     y = torch.arange(20.0, dtype=torch.float64)
