@@ -50,7 +50,6 @@ a log-mean-exp over draws of a sum over points, is not, and is refused.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import io
 import os
@@ -63,6 +62,7 @@ import torch.distributed as torch_dist
 from pyro.infer import RenyiELBO
 
 from ..rng import MAX_SEED
+from .agreement import RESUME, Agreement, PeerFailedError
 
 __all__ = ["DataParallel", "PeerFailedError", "backend_for", "check_objective", "for_fit", "init",
            "shutdown", "step_seed"]
@@ -70,19 +70,6 @@ __all__ = ["DataParallel", "PeerFailedError", "backend_for", "check_objective", 
 #: seconds a collective waits for the other processes before it fails
 DEFAULT_TIMEOUT = 300.0
 _ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-class PeerFailedError(RuntimeError):
-    """Another process of a data-parallel run failed (``ranks``: which, where known; the
-    message gives each one's error), died, or did not answer within the timeout."""
-
-    def __init__(self, message: str, ranks: list[int] | None = None):
-        super().__init__(message)
-        self.ranks = ranks
-
-
-#: bytes of a process's error message that the others receive (:meth:`DataParallel.errors`)
-MESSAGE_BYTES = 2000
 
 
 def backend_for(device) -> str:
@@ -182,7 +169,7 @@ def step_seed(seed: int, step: int, rank: int) -> int:
     return int(np.random.SeedSequence([seed % 2**63, step, rank]).generate_state(1)[0])
 
 
-class DataParallel:
+class DataParallel(Agreement):
     """This process's part in a data-parallel run over the default process group.
 
     ``rank``, ``world_size``; ``writer``: whether this process writes checkpoints, progress
@@ -191,12 +178,10 @@ class DataParallel:
     def __init__(self, timeout: float = DEFAULT_TIMEOUT):
         if not torch_dist.is_initialized():
             raise RuntimeError("no process group: call pyro_dgp.infer.distributed.init() first")
-        self.rank, self.world_size = torch_dist.get_rank(), torch_dist.get_world_size()
-        self.timeout = timeout
-        self.step = None  # the step in progress, named by errors
         # the device of the collectives' buffers: NCCL reduces CUDA tensors only
-        self.device = (torch.device("cuda", torch.cuda.current_device())
-                       if torch_dist.get_backend() == "nccl" else torch.device("cpu"))
+        device = (torch.device("cuda", torch.cuda.current_device())
+                  if torch_dist.get_backend() == "nccl" else torch.device("cpu"))
+        super().__init__(torch_dist.get_rank(), torch_dist.get_world_size(), device, timeout)
 
     @property
     def writer(self) -> bool:
@@ -204,87 +189,6 @@ class DataParallel:
 
     def __repr__(self) -> str:
         return f"DataParallel(rank={self.rank}, world_size={self.world_size})"
-
-    # ---------------------------------------------------------------- failures
-    @contextlib.contextmanager
-    def _collective(self, what: str):
-        """Turn a collective's failure into :class:`PeerFailedError` with what to do. Gloo
-        and NCCL do not say which process closed its connection or fell silent; with two
-        processes it can only be the other one."""
-        try:
-            yield
-        except RuntimeError as err:  # DistBackendError and gloo's errors are RuntimeErrors
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            others = [r for r in range(self.world_size) if r != self.rank]
-            who = (f"process {others[0]}" if len(others) == 1 else
-                   "another process of the run (the backend does not say which)")
-            raise PeerFailedError(
-                f"process {self.rank} of {self.world_size}: {what}{self._when()} failed: "
-                f"{who} died or did not answer within {self.timeout:g} s ({first}). "
-                f"{_RESTART}", others if len(others) == 1 else None) from err
-
-    def _when(self) -> str:
-        return f" at step {self.step}" if self.step is not None else ""
-
-    def errors(self, error: BaseException | None) -> dict[int, str]:
-        """Every process's error, by rank, of the processes that had one (``error``: this
-        process's, or ``None``): each one's message, up to :data:`MESSAGE_BYTES` bytes of
-        UTF-8, in two all-gathers (the lengths, then the padded bytes); every process must
-        call it."""
-        text = "" if error is None else _one_line(error)
-        mine = text.encode()[:MESSAGE_BYTES]
-        length = torch.tensor([len(mine)], dtype=torch.int64, device=self.device)
-        lengths = [torch.empty_like(length) for _ in range(self.world_size)]
-        with self._collective("exchanging the processes' errors"):
-            torch_dist.all_gather(lengths, length)
-            size = max(int(n.item()) for n in lengths)
-            if size == 0:
-                return {}
-            padded = torch.zeros(size, dtype=torch.uint8)
-            if mine:
-                padded[: len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
-            padded = padded.to(self.device)
-            gathered = [torch.empty_like(padded) for _ in range(self.world_size)]
-            torch_dist.all_gather(gathered, padded)
-        return {rank: bytes(data[: int(n.item())].cpu().tolist()).decode(errors="replace")
-                for rank, (n, data) in enumerate(zip(lengths, gathered, strict=True))
-                if int(n.item()) > 0}
-
-    def agree(self, what: str, error: Exception | None, advice: str = "") -> None:
-        """Every process's outcome of ``what`` on every process (:meth:`errors`): where one
-        failed, every process stops: the failed ones with their own error (a note naming the
-        process added), the others with :class:`PeerFailedError` naming the failed processes
-        and their errors, and ``advice`` (default: fix it and start them all again). Every
-        process must call it."""
-        self.stop_if_failed(what, error, self.errors(error), advice)
-
-    def stop_if_failed(self, what: str, error: Exception | None, failures: dict[int, str],
-                       advice: str = "") -> None:
-        """Raise as :meth:`agree` says where ``failures`` (by rank) is not empty."""
-        if error is not None:
-            error.add_note(f"(process {self.rank} of {self.world_size}, {what}{self._when()}: "
-                           "the other processes were told and stopped too)")
-            raise error
-        if failures:
-            named = "; ".join(f"process {rank} failed: {text}"
-                              for rank, text in sorted(failures.items()))
-            raise PeerFailedError(
-                f"process {self.rank} of {self.world_size}: {what}{self._when()} stopped: "
-                f"{named}. {advice or _FIX}", sorted(failures))
-
-    @contextlib.contextmanager
-    def together(self, what: str):
-        """Run the body on every process, then :meth:`agree` on its outcome: an error in one
-        process stops all of them at once, rather than leaving the others waiting in their
-        next collective until the timeout."""
-        error = None
-        try:
-            yield
-        except PeerFailedError:
-            raise  # a collective of the body failed: the group can agree on nothing more
-        except Exception as err:  # noqa: BLE001 (every error of the body is reported)
-            error = err
-        self.agree(what, error)
 
     # ---------------------------------------------------------------- the batch
     def shard(self, batch_size: int) -> tuple[int, int]:
@@ -379,7 +283,7 @@ class DataParallel:
                 if dtype == torch.float64:
                     *failed, loss = flat[-1 - self.world_size:].tolist()
         if any(flag > 0 for flag in failed):
-            self.stop_if_failed("training", error, self.errors(error), f"Fix it, then {_RESUME}")
+            self.stop_if_failed("training", error, self.errors(error), f"Fix it, then {RESUME}")
         return loss
 
     def sum(self, values: torch.Tensor) -> torch.Tensor:
@@ -426,18 +330,6 @@ class DataParallel:
             return state
         return torch.load(io.BytesIO(data.cpu().numpy().tobytes()), map_location=map_location,
                           weights_only=True)
-
-
-_RESUME = ("start all processes again with resume=True (pyro-dgp fit --resume): they "
-           "continue from process 0's last checkpoint.")
-_RESTART = _RESUME[0].upper() + _RESUME[1:]
-_FIX = "Fix it and start all processes again."
-
-
-def _one_line(error: BaseException) -> str:
-    """``Type: message`` of ``error``, its lines joined."""
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _by_dtype(tensors) -> dict[torch.dtype, list[torch.Tensor]]:
