@@ -105,9 +105,8 @@ def fit(
     resume: bool = False, optimizer: type[torch.optim.Optimizer] = torch.optim.Adam,
     lr_schedule: str | Callable[[int, int], float] | None = None, lr_decay: float | None = None,
     final_elbo_particles: int = 8, threads: int | None = None, natural_gradient=None,
-    alpha: float = 0.5, num_samples: int = 10, distributed: bool = False,
-    cuda_graph: bool = False, validation=None, patience: int | None = None,
-    validate_every: int | None = None,
+    alpha: float = 0.5, num_samples: int = 10, distributed: bool = False, cuda_graph=False,
+    validation=None, patience: int | None = None, validate_every: int | None = None,
     callbacks: Sequence[Callable[[StepInfo], bool | None]] | None = None, callback_every: int = 1,
 ) -> FitResult:
     """Train ``guide`` (and the model's hyperparameters) by SVI (module docstring: more).
@@ -118,9 +117,9 @@ def fit(
         alpha-divergence objective with ``alpha`` and ``num_samples`` (shown as ``loss/pt``).
     :param seed: seeds Pyro/torch/numpy and the minibatch stream, in ``[0, 2**32 - 1]``
         (``None``: leave as is, or on resume the checkpoint's seed: the run goes on as it was).
-    :param optimizer: an Optimizer class (or ``(params, lr=)``).
-    :param checkpoint: file written every ``checkpoint_every`` steps, at the end, on divergence
-        and on KeyboardInterrupt; ``resume=True`` continues from it exactly.
+    :param optimizer: an Optimizer class (or ``(params, lr=)``). :param checkpoint: file
+        written every ``checkpoint_every`` steps, at the end, on divergence and on
+        KeyboardInterrupt; ``resume=True`` continues from it exactly.
     :param lr_schedule: ``"cosine"`` (default), ``"exponential"``, ``"constant"`` or
         ``(step, num_steps) -> factor``; :param lr_decay: the last step's rate over ``lr``.
     :param progress: a bar on a terminal, else a line every tenth of the run; ``k``: a line
