@@ -19,7 +19,9 @@ whose data fit is worse by a factor ``e`` on average, and one of ten times the s
 noise is no minibatch's chance (the average of 50 steps varies by a tenth of that noise).
 (On the demo's step function a constant ``lr = 0.02`` rises 1.6 to 2 nats per point late in
 the run; the default cosine schedule at most 0.4, early, and recovers.)
-It is warned once per run, as :class:`TrainingInstabilityWarning`.
+It is warned once per run, as :class:`TrainingInstabilityWarning`, when the smoothed loss has
+stayed that far above its best for ``RISE_STEPS`` (10) steps in a row: the first steps from a
+poor start may go up and come down again.
 
 **Early stopping.** :class:`EarlyStopping` scores the fit every ``validate_every`` steps with
 a function of no arguments (lower is better), keeps a copy of the model's and guide's state at
@@ -55,6 +57,9 @@ BETA = 0.98
 RISE_PER_POINT = 1.0
 #: a rise, in units of the per-step loss noise at the best, that is far
 RISE_IN_NOISE = 10.0
+#: steps in a row the smoothed loss must stay far above its best to be warned about (a start
+#: whose first steps go up and come down again is not unstable training)
+RISE_STEPS = 10
 
 
 class LossMonitor:
@@ -64,6 +69,7 @@ class LossMonitor:
         self.num_data = num_data
         self.steps, self.mean, self.square = 0, 0.0, 0.0
         self.best, self.best_step, self.best_noise = math.inf, 0, 0.0
+        self.far_since: int | None = None  # the first step of the current far rise
         self.warned = False
 
     @property
@@ -88,6 +94,10 @@ class LossMonitor:
         self.steps += 1
         if self.mean < self.best:
             self.best, self.best_step, self.best_noise = self.mean, self.steps, self.noise
+        if self.rise() <= self.far_rise():
+            self.far_since = None
+        elif self.far_since is None:
+            self.far_since = self.steps
 
     def rise(self) -> float:
         """How far the smoothed loss is above its best, per point."""
@@ -98,8 +108,10 @@ class LossMonitor:
         return max(RISE_PER_POINT, RISE_IN_NOISE * self.best_noise)
 
     def check(self, lr: float, stacklevel: int) -> None:
-        """Warn (once) when the smoothed loss is far above its best."""
-        if self.warned or self.rise() <= self.far_rise():
+        """Warn (once) when the smoothed loss has stayed far above its best for
+        :data:`RISE_STEPS` steps in a row."""
+        if (self.warned or self.far_since is None
+                or self.steps - self.far_since + 1 < RISE_STEPS):
             return
         self.warned = True
         warnings.warn(
