@@ -49,7 +49,6 @@ extensions = [
     "sphinx.ext.autosummary",
     "sphinx.ext.napoleon",
     "sphinx.ext.mathjax",
-    "sphinx_autodoc_typehints",
     "sphinx_copybutton",
 ]
 
@@ -106,10 +105,9 @@ autosummary_generate = True
 autosummary_imported_members = True
 autodoc_default_options = {"show-inheritance": True}  # members: in the class template
 autodoc_member_order = "bysource"
+# autodoc's own type hints, merged into each parameter's field (sphinx-autodoc-typehints put a
+# field's continuation lines into the next field's type)
 autodoc_typehints = "description"
-typehints_use_signature = False
-typehints_document_rtype = True
-always_use_bars_union = True
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 # Type hints name torch, Pyro and NumPy classes and private helpers that the reference does not
@@ -137,5 +135,30 @@ def _register_linked_notebooks(app, env, docnames):
             env.project._path_to_docname[path.resolve()] = docname
 
 
+#: a field (``:param x:``, ``:returns:``, ``:raises E:``) that a docstring starts mid-line, after
+#: the end of the previous field's sentence (``:param X: (N, D) inputs; :param y: (N,) targets``),
+#: or at the start of an indented line
+_INLINE_FIELD = re.compile(
+    r"(?:(?<=[;.)])\s+|^\s+)(?=:(?:param [^:`]+|returns?|rtype|raises? [\w.]+):(?:\s|$))")
+#: one field naming several parameters, ``:param X, y:``, which Sphinx would read as the
+#: parameter ``y`` of type ``X,``: written ``X,y``, one name to Sphinx
+_SHARED_FIELD = re.compile(r"^(\s*:param )(\w+(?:, \w+)+):")
+
+
+def _split_fields(app, what, name, obj, options, lines):
+    """Render the docstrings' compact field lists as field lists (the source is unchanged):
+    a field started mid-line goes on a line of its own, and ``:param X, y:`` is one field."""
+    out = []
+    for line in lines:
+        for k, piece in enumerate(_INLINE_FIELD.split(line)):
+            if k == 0 and not piece.strip() and len(_INLINE_FIELD.split(line)) > 1:
+                continue  # the indentation before a field that starts the line
+            piece = piece.lstrip() if k else piece
+            out.append(_SHARED_FIELD.sub(lambda m: m.group(1) + m.group(2).replace(", ", ",")
+                                         + ":", piece))
+    lines[:] = out
+
+
 def setup(app):
     app.connect("env-before-read-docs", _register_linked_notebooks)
+    app.connect("autodoc-process-docstring", _split_fields)
