@@ -108,7 +108,7 @@ class Stationary(Kernel):
             positive_hyperparameter(self, "lengthscale", lengthscale, bool(ard)),
             constraints.positive)
 
-    #: compute distances directly instead of by |a|^2 + |b|^2 - 2 a.b (see _scaled_sqdist)
+    #: compute distances directly instead of by ``|a|^2 + |b|^2 - 2 a.b`` (see ``_scaled_sqdist``)
     exact_distance = False
 
     def _scaled_sqdist(self, X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:

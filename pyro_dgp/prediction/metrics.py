@@ -150,7 +150,7 @@ def brier(pred: Predictive, y: torch.Tensor) -> float:
 def expected_calibration_error(pred: Predictive, y: torch.Tensor, bins: int = ECE_BINS) -> float:
     """Expected calibration error of the predicted class (Naeini et al. 2015; Guo et al.
     2017): with the confidence ``c_i = max_k p_k(x_i)`` and ``bins`` equal-width bins
-    ``B_b = ((b - 1)/bins, b/bins]`` (``b = 1 ... bins``; a confidence of 0 falls in the
+    ``B_b = ((b - 1)/bins, b/bins]`` (``b = 1, ..., bins``; a confidence of 0 falls in the
     first), ``ECE = sum_b |B_b| / N |acc(B_b) - conf(B_b)|``, ``acc`` the fraction of
     ``argmax_k p_k = y`` and ``conf`` the mean confidence of the bin. 0 for a calibrated
     predictive (in the limit of many points per bin), at most 1.
