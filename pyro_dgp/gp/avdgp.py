@@ -26,6 +26,7 @@ from .architectures import (
     check_regression_arguments,
     default_dtype,
     make_likelihood,
+    pca_mean,
 )
 from .deep_gp import DeepGP
 
@@ -47,6 +48,26 @@ def _per_layer(num_inducing, num_layers: int) -> list[int]:
     return Ms
 
 
+_INNER_MEANS = ("zero", "pca")
+
+
+def _layer_means(X: torch.Tensor, dims: list[int], inner_mean: str) -> list:
+    """The mean of each layer: ``"zero"`` for all (the paper's), or with ``"pca"`` DSVI's
+    fixed linear map ``x W`` for the inner layers (identity, PCA projection of the layer's
+    inputs ``X W_1 ... W_{l-1}`` or identity padded: :func:`pca_mean`) and zero for the last.
+
+    :param X: ``(N, D)``; :param dims: ``[D, *hidden, 1]``."""
+    if inner_mean not in _INNER_MEANS:
+        raise ValueError(f"avdgp_regression: inner_mean must be one of {_INNER_MEANS}, got "
+                         f"{inner_mean!r}")
+    means, h = [], X
+    for d_out in dims[1:-1]:
+        W = pca_mean(h, d_out) if inner_mean == "pca" else None
+        means.append("zero" if W is None else W)
+        h = h if W is None else h @ W
+    return [*means, "zero"]
+
+
 def avdgp_regression(
     X: torch.Tensor, y: torch.Tensor, *,
     hidden_dims: Sequence[int] = PAPER_HIDDEN_DIMS,
@@ -58,6 +79,7 @@ def avdgp_regression(
     kernel_variance: float = LN2,
     lengthscale: float = LN2,
     kl_weight: str = "1/N",
+    inner_mean: str = "zero",
     jitter: float | None = None,
     seed: int = 0,
     name: str | None = None,
@@ -74,6 +96,15 @@ def avdgp_regression(
     :param kl_weight: ``"1/N"`` (default: the per-point KL weighted by ``1/N``, Meng and
         Zhang 2024, App. A) or ``"one"`` (the ELBO of the model, whose optimum fits the targets
         as noise); see :class:`AmortizedGPLayer`.
+    :param inner_mean: ``"zero"`` (default: the paper's zero mean functions, App. C.1) or
+        ``"pca"``: the inner layers get DSVI's fixed linear means (Salimbeni and Deisenroth
+        2017; Meng and Zhang 2024, §4.6, mention a learned linear mean as optional), so with
+        the guide's small inner scale they start as that linear map of their input rather
+        than as noise. Measured (AR2P, 1,000 steps, lr 0.02, fit seeds 0/1/2): on a 2-D
+        regression of 300 points (``sin(3 (x1^2 + x2)) + 0.5 [x1 > 0]``) test RMSE 0.28,
+        0.35, 0.39 against 0.73, 0.78, 0.66 with ``"zero"``; split 0, batch 1,000, lr 0.01:
+        energy test NLL -1.63 against -1.52, kin8nm 0.147 against 0.078, so it is not the
+        default.
     :param seed: seed of the offsets ``b`` (the global random state is left alone).
     """
     if isinstance(hidden_dims, numbers.Integral):
@@ -88,6 +119,7 @@ def avdgp_regression(
                                          None, kernel, likelihood, noise_variance, seed,
                                          flags={"ard": ard})
     gen = torch.Generator().manual_seed(checked["seed"])
+    means = _layer_means(X, dims, inner_mean)
     with default_dtype(X.dtype):
         lik = make_likelihood(likelihood, checked["noise_variance"])
         layers = [
@@ -96,7 +128,7 @@ def avdgp_regression(
                 inducing_offsets=torch.randn(M, d_in, generator=gen, dtype=X.dtype),
                 kernel=KERNELS[kernel](d_in, variance=kernel_variance, lengthscale=lengthscale,
                                        ard=checked["ard"]),
-                mean="zero", jitter=jitter, name=f"layer{i + 1}", kl_weight=kl_weight)
+                mean=means[i], jitter=jitter, name=f"layer{i + 1}", kl_weight=kl_weight)
             for i, (d_in, d_out, M) in enumerate(zip(dims[:-1], dims[1:], Ms, strict=True))
         ]
         model = DeepGP(layers, lik, num_data=X.shape[-2], name=name)
