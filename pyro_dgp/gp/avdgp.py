@@ -99,10 +99,8 @@ def avdgp_regression(
     :param inner_mean: ``"zero"`` (default: the paper's zero mean functions, App. C.1) or
         ``"pca"``: the inner layers get DSVI's fixed linear means (Salimbeni and Deisenroth
         2017; Meng and Zhang 2024, §4.6, mention a learned linear mean as optional), so with
-        the guide's small inner scale they start as that linear map of their input rather
-        than as noise. It fits small smooth sets better (the inner layers no longer start as
-        noise that carries no signal) but trailed the default in test NLL on kin8nm at an equal
-        budget, so it is not the default (measurements: the stop notes of issue 37).
+        the guide's small inner scale they start as that linear map of their input, not as
+        noise; it fit small smooth sets better but trailed in test NLL on kin8nm.
     :param seed: seed of the offsets ``b`` (the global random state is left alone).
     """
     if isinstance(hidden_dims, numbers.Integral):
@@ -111,8 +109,7 @@ def avdgp_regression(
     hidden = [check_positive_int(h, "avdgp_regression: hidden_dims") for h in hidden_dims]
     dims = [X.shape[-1], *hidden, 1]
     Ms = _per_layer(num_inducing, len(dims) - 1)
-    # M is per point here (inducing inputs A(x_n), no k-means over the data): any M <= N
-    # bound of the global-inducing builders does not apply, so num_inducing is not passed
+    # M is per point (inducing inputs A(x_n)): the global builders' M <= N bound does not apply
     checked = check_regression_arguments(X, y, len(dims) - 1, hidden[0] if hidden else None,
                                          None, kernel, likelihood, noise_variance, seed,
                                          flags={"ard": ard})
