@@ -332,11 +332,19 @@ QUESTIONS = {
 
 
 def _generic_section(benchmark: str, records: list[dict]) -> Section:
-    """A section for a benchmark without one: the configuration, then its first figures."""
-    names = list(dict.fromkeys(k for r in records for k in flatten(r.get("figures") or {})))
+    """A section for a benchmark without one: the configuration, then a column per figure
+    where every record has the same figures and they fit, else all figures in one cell."""
+    flats = [flatten(r.get("figures") or {}) for r in records]
+    names = list(dict.fromkeys(k for f in flats for k in f))
     names = [n for n in names if not n.endswith(("_se", "_sd")) and n != "num_splits"]
+    same = all({n for n in names if f.get(n) is not None} == {n for n in names
+               if flats[0].get(n) is not None} for f in flats)
     columns = [Column("configuration", lambda rec, flat: "", ())]
-    columns += [_figure(n) for n in names[:MAX_COLUMNS - 2]]
+    if same and len(names) <= MAX_COLUMNS - 2:
+        columns += [_figure(n) for n in names]
+    else:
+        columns.append(Column("figures", lambda rec, flat: "; ".join(
+            f"{n} {_figure_cell(flat, n)}" for n in names if flat.get(n) is not None)))
     return Section(QUESTIONS.get(benchmark, f"{benchmark}?"), benchmark, lambda rec: True,
                    tuple(columns))
 
@@ -380,7 +388,7 @@ def section_lines(section: Section, records: list[dict], runs: list[str]) -> lis
         run = _run_note(rec)
         if run not in runs:
             runs.append(run)
-        cells.append(f"[{runs.index(run) + 1}](#runs)")
+        cells.append(f"[{runs.index(run) + 1}]")
         lines.append(_row(cells))
     return lines + [""]
 
@@ -427,7 +435,8 @@ def render(directory: Path) -> str:
         elif section.benchmark in {s.benchmark for s in SECTIONS}:
             out += [f"## {section.question}", "", "No record yet that runs from the "
                     "repository.", ""]
-    out += ["## Runs", ""] + [f"{i}. {run}" for i, run in enumerate(runs, 1)]
+    out += ["## Runs", "", "The run of each row above, by its number in the table's last column.",
+            ""] + [f"- [{i}] {run}" for i, run in enumerate(runs, 1)]
     return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).rstrip() + "\n"
 
 
