@@ -3,6 +3,7 @@ them (benchmarks/report.py)."""
 
 import json
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -53,15 +54,16 @@ def _write(directory: Path, name: str, records: list[dict]) -> None:
 
 
 def test_report_shows_the_latest_record_of_each_configuration(tmp_path):
-    results.record("toy", {"n": 1}, {"ms": 9.0}, command="first", results_dir=tmp_path)
-    results.record("toy", {"n": 1}, {"ms": 2.0}, command="second", results_dir=tmp_path)
-    results.record("toy", {"n": 2}, {"ms": 7.0}, command="third", results_dir=tmp_path)
+    for n, ms in ((1, 9.0), (1, 2.0), (2, 7.0)):
+        results.record("toy", {"n": n}, {"ms": ms}, results_dir=tmp_path,
+                       command=f"python benchmarks/uci.py --steps {n} --note {ms}")
     out = tmp_path / "BENCHMARKS.md"
     args = ["--output", str(out), "--results-dir", str(tmp_path)]
     assert report.main(args) == 0
     text = out.read_text()
-    assert "| 1 | 2.0 |" in text and "| 2 | 7.0 |" in text and "| 9.0 |" not in text
-    assert "`second`" in text and "`first`" not in text
+    assert "| n 1 | 2.0 |" in text and "| n 2 | 7.0 |" in text and "| 9.0 |" not in text
+    assert "`python benchmarks/uci.py --steps 1 --note 2.0`" in text
+    assert "--note 9.0" not in text
     assert "history.md" in text and "report.py" in text
 
 
@@ -96,12 +98,11 @@ def test_check_detects_a_stale_file(tmp_path):
 
 def test_published_figures_stand_in_their_own_column(tmp_path):
     settings = {"dataset": "boston", "model": "DGP 2", "guide": "meanfield", "steps": 10}
-    results.record("uci", settings, {"splits": 1, "test_loglik": -2.2}, command="x",
-                   results_dir=tmp_path)
+    results.record("uci", settings, {"splits": 1, "test_loglik": -2.2, "rmse": 3.0},
+                   command="python benchmarks/uci.py --datasets boston", results_dir=tmp_path)
     text = report.render(tmp_path)
-    header = next(line for line in text.splitlines() if line.startswith("| "))
-    assert f"published log-lik / RMSE ({report.SALIMBENI})" in header
-    assert "| -2.47 (0.05) / 2.90 (0.17) |" in text
+    assert "| published log-lik |" in text and report.SALIMBENI in text
+    assert "| boston, DGP 2 | 10 | 1 | -2.2 | -2.47 (0.05) | 3.0 | 2.90 (0.17) | [1] |" in text
 
 
 def test_records_copied_from_the_log_point_at_their_figures():
@@ -122,34 +123,77 @@ def test_benchmarks_md_is_generated_from_the_recorded_results():
         "BENCHMARKS.md is stale: run python benchmarks/report.py")
 
 
-def test_alpha_summary_puts_the_alphas_side_by_side_and_marks_the_best():
-    def rec(dataset, alpha, loglik, steps=5000, splits=3):
-        return {"settings": {"dataset": dataset, "guide": "meanfield", "steps": steps,
-                             "model": "DGP 2", "objective": f"alpha={alpha},S=10"},
-                "figures": {"splits": splits, "test_loglik": loglik, "test_loglik_se": 0.01,
-                            "rmse": 0.5}}
-    records = [rec("b", 0.5, -1.0), rec("b", 1, -1.2), rec("a", 0.001, 2.0), rec("a", 1, 2.5),
-               rec("a", 0.5, 9.0, steps=1000), rec("a", 0.5, 9.0, splits=2),
-               {"settings": {"dataset": "a", "guide": "meanfield", "steps": 5000,
-                             "objective": "elbo"}, "figures": {"splits": 3, "test_loglik": 9.0}}]
-    lines = report.alpha_summary(records)
-    assert lines[2] == "| dataset | guide | alpha 0.001 | alpha 0.5 | alpha 1.0 |"
-    assert lines[4] == "| a | meanfield | 2.000 (0.010) / 0.5 |  | **2.500 (0.010) / 0.5** |"
-    assert lines[5] == "| b | meanfield |  | **-1.000 (0.010) / 0.5** | -1.200 (0.010) / 0.5 |"
-    assert len(lines) == 7 and lines[-1] == ""
-    assert report.alpha_summary(records[4:]) == []
+def _rec(command: str, **fields) -> dict:
+    return {"command": command, "commit": "abc1234", "settings": {}, "figures": {}, **fields}
 
 
-def test_graph_summary_lines_up_the_replayed_steps_of_the_gpu_rows():
-    def rec(L, B, device="cuda", **ms):
-        return {"settings": {"num_layers": L, "batch_size": B, "dtype": "float64",
-                             "num_inducing": 128, "hidden_dim": 8, "device": device},
-                "figures": {"ms_per_step": ms}}
-    records = [rec(3, 10000, ours=24.0, graph=3.6, **{"plain-graph": 3.0}, gpytorch=36.0),
-               rec(2, 1024, ours=16.0, graph=2.0),
-               rec(2, 1024, device="cpu", ours=9.0, graph=1.0), rec(3, 1024, ours=20.0)]
-    lines = report.graph_summary(records)
-    assert lines[4] == "| 2 | 128 | 8 | 1024 | float64 | 16.0 | 2.0 |  |  |  |  |"
-    assert lines[5] == "| 3 | 128 | 8 | 10000 | float64 | 24.0 | 3.6 | 3.0 | 36.0 | 1.20 | 0.10 |"
-    assert len(lines) == 7 and lines[-1] == ""
-    assert report.graph_summary(records[2:]) == []
+def test_a_command_runs_from_the_repository_root_or_the_record_goes_to_history():
+    run = report.runnable_command
+    assert run(_rec("python uci.py --steps 3 --out /tmp/a.jsonl --checkpoint-dir /tmp/c")) == (
+        "python benchmarks/uci.py --steps 3", "")
+    assert run(_rec("python benchmarks/uci.py --out out/a.jsonl"))[0] == (
+        "python benchmarks/uci.py --out out/a.jsonl")
+    assert run(_rec("python benchmarks/uci.py --families 'a b'"))[0] == (
+        "python benchmarks/uci.py --families 'a b'")
+    for rec, reason in [
+            (_rec("python out/s4/decompose.py x"), "not in the repository"),
+            (_rec("python benchmarks/uci.py --steps 3", commit=None), "no commit"),
+            (_rec(None), "no command"),
+            (_rec("python benchmarks/uci.py --steps 3", note="merged runs"), "note"),
+            (_rec("python benchmarks/compositional.py --trials 5 ... (out/s3/x)"), "elided"),
+            (_rec("python benchmarks/uci.py --config /work/x.json"), "outside the repository"),
+            (_rec("python benchmarks/uci.py --config ../x.json"), "outside the repository")]:
+        command, why = run(rec)
+        assert command is None and reason in why, (rec, why)
+
+
+def test_a_record_without_a_runnable_command_is_listed_in_history_not_in_the_tables(tmp_path):
+    (tmp_path / "history.md").write_text("# The hand-written log\n\nkept as written\n")
+    rows = [_rec("python benchmarks/speed.py --threads 1", settings={"n": 1},
+                 figures={"ms": 1.5}, date="2026-01-01"),
+            _rec("python scratch.py", settings={"n": 2}, figures={"ms": 2.5},
+                 date="2026-01-01", note="a scratch script")]
+    _write(tmp_path, "toy", rows)
+    out = tmp_path / "BENCHMARKS.md"
+    assert report.main(["--output", str(out), "--results-dir", str(tmp_path)]) == 0
+    assert "| 1.5 | [1] |" in out.read_text() and "2.5" not in out.read_text()
+    history = (tmp_path / "history.md").read_text()
+    assert history.startswith("# The hand-written log\n\nkept as written\n")
+    assert "ms 2.5" in history and "Note: a scratch script" in history and "ms 1.5" not in history
+    assert report.main(["--output", str(out), "--results-dir", str(tmp_path), "--check"]) == 0
+    (tmp_path / "history.md").write_text(history + "edited\n")  # a stale history fails too
+    assert report.main(["--output", str(out), "--results-dir", str(tmp_path), "--check"]) == 1
+
+
+def layout_problems(text: str) -> list[str]:
+    """What breaks the page's layout: a table wider than 8 columns, a row whose run is not a
+    command from the repository root (``python benchmarks/...``, no path outside it), a row
+    dated by a period of work ("(session N)", "(log)")."""
+    problems = []
+    runs = dict(re.findall(r"^- \[(\d+)\] `([^`]*)`", text, flags=re.M))
+    for line in text.splitlines():
+        if not line.startswith("| ") or line.startswith("|---"):
+            continue
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        if len(cells) > report.MAX_COLUMNS:
+            problems.append(f"{len(cells)} columns: {line[:60]}")
+        if re.search(r"\((session \d+|log)\)", line):
+            problems.append(f"dated by a period of work: {line[:60]}")
+        if cells[-1] in ("run", "run |"):
+            continue
+        number = re.fullmatch(r"\[(\d+)\]", cells[-1])
+        command = runs.get(number.group(1)) if number else None
+        if (command is None or not command.startswith("python benchmarks/")
+                or any(t.startswith(("/", "~")) or ".." in t for t in shlex.split(command))):
+            problems.append(f"run not from the repository: {line[:60]} -> {command}")
+    return problems
+
+
+def test_benchmarks_md_has_short_tables_and_rows_that_rerun_from_the_repository():
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    assert "| run |" in text
+    assert layout_problems(text) == []
+    assert layout_problems("| a | b | c | d | e | f | g | h | i |\n") != []
+    assert layout_problems("| x (session 3) | [1] |\n- [1] `python benchmarks/uci.py`") != []
+    assert layout_problems("| x | [1] |\n- [1] `python out/s4/decompose.py`") != []
+    assert layout_problems("| x | [1] |\n- [1] `python benchmarks/uci.py --out /tmp/a`") != []
