@@ -319,6 +319,12 @@ SECTIONS = (
             "Time per epoch and peak memory against N, one process and data-parallel "
             "(extrapolated: fewer steps than an epoch were timed)."),
 )
+#: benchmark -> (column label, the published figures of a row's settings), for the sections
+#: made by :func:`_generic_section`
+PUBLISHED = {
+    "compositional": (f"published ({USTYUZHANINOV})", _published_compositional),
+    "amortized": (f"published NLL / RMSE / CRPS ({MENG_ZHANG})", _published_amortized),
+}
 #: benchmarks with no section of their own get a generic one (configuration, figures)
 QUESTIONS = {
     "compositional": "Does it recover compositional uncertainty "
@@ -340,11 +346,15 @@ def _generic_section(benchmark: str, records: list[dict]) -> Section:
     same = all({n for n in names if f.get(n) is not None} == {n for n in names
                if flats[0].get(n) is not None} for f in flats)
     columns = [Column("configuration", lambda rec, flat: "", ())]
-    if same and len(names) <= MAX_COLUMNS - 2:
+    label, published = PUBLISHED.get(benchmark, (None, None))
+    room = MAX_COLUMNS - 2 - bool(label)
+    if same and len(names) <= room:
         columns += [_figure(n) for n in names]
     else:
         columns.append(Column("figures", lambda rec, flat: "; ".join(
             f"{n} {_figure_cell(flat, n)}" for n in names if flat.get(n) is not None)))
+    if label:
+        columns.append(Column(label, lambda rec, flat: published(rec["settings"])))
     return Section(QUESTIONS.get(benchmark, f"{benchmark}?"), benchmark, lambda rec: True,
                    tuple(columns))
 
