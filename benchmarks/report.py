@@ -371,9 +371,14 @@ def _varying(records: list[dict], shown: set[str]) -> tuple[list[str], list[str]
     return [k for k in names if k not in shared], shared
 
 
-def _sort_key(rec: dict) -> tuple:
-    return tuple((0, v, "") if isinstance(v, int | float) and not isinstance(v, bool)
-                 else (1, 0, str(v)) for v in rec["settings"].values())
+def _sort_key(order: list[str]) -> Callable[[dict], tuple]:
+    """Rows sorted by the settings in ``order`` (numbers before text, absent last)."""
+    def key(rec: dict) -> tuple:
+        values = [rec["settings"].get(name) for name in order]
+        return tuple((2, 0, "") if v is None else (0, v, "")
+                     if isinstance(v, int | float) and not isinstance(v, bool)
+                     else (1, 0, str(v)) for v in values)
+    return key
 
 
 def section_lines(section: Section, records: list[dict], runs: list[str]) -> list[str]:
@@ -389,7 +394,8 @@ def section_lines(section: Section, records: list[dict], runs: list[str]) -> lis
                                            for k in shared) + ".", ""]
     headers = [c.header for c in section.columns] + ["run"]
     lines += [_row(headers), "|" + "---|" * len(headers)]
-    for rec in sorted(records, key=_sort_key):
+    order = [name for column in section.columns for name in column.settings] + varying
+    for rec in sorted(records, key=_sort_key(order)):
         flat = flatten(rec.get("figures") or {})
         cells = [c.cell(rec, flat) for c in section.columns]
         extra = "; ".join(f"{k} {number(rec['settings'].get(k))}" for k in varying
@@ -407,7 +413,15 @@ def _run_note(rec: dict) -> str:
     command, _ = runnable_command(rec)
     dirty = " (with uncommitted changes)" if rec.get("dirty") else ""
     return (f"`{command}` at commit {rec['commit']}{dirty}, "
-            f"{str(rec.get('date') or '')[:10]}")
+            f"{str(rec.get('date') or '')[:10]}, on {_machine(rec)}")
+
+
+def _machine(rec: dict) -> str:
+    """The GPU a record ran on, else its CPU (as recorded)."""
+    machine = rec.get("machine")
+    if isinstance(machine, dict):
+        return str(machine.get("gpu") or machine.get("cpu") or "a machine not recorded")
+    return str(machine).split(",")[0].strip() if machine else "a machine not recorded"
 
 
 HEADER = """# Benchmarks
