@@ -27,6 +27,7 @@ from torch.distributions import Bernoulli, Categorical, Distribution, Normal
 from ..rng import seeded
 from ..validation import binary_labels, check_positive_int
 from .mixture import (
+    ComponentMoments,
     bernoulli_cdf,
     bernoulli_quantiles,
     check_units,
@@ -36,7 +37,7 @@ from .mixture import (
     gaussian_mixture_quantiles,
     mixture_average,
 )
-from .sampled import sample_cdf, sample_crps, sample_moments, sample_quantiles
+from .sampled import sample_cdf, sample_crps, sample_quantiles
 
 __all__ = ["DrawMixturePredictive"]
 
@@ -52,7 +53,7 @@ def _dtype_device(component: Distribution) -> tuple[torch.dtype, torch.device]:
                      "have no floating-point parameter to take the dtype and device from")
 
 
-class DrawMixturePredictive:
+class DrawMixturePredictive(ComponentMoments):
     """``p(y* | x*) = sum_s w_s p(y* | draw_s)`` per test point, ``w_s = 1/S`` or given weights.
 
     :param components: a distribution of batch shape ``(S, N)`` and event shape ``()`` (the
@@ -217,28 +218,6 @@ class DrawMixturePredictive:
             for part, points, w in self._points():
                 out.append(fn(part.sample((K,)).to(self.dtype), points, w))
         return torch.cat(out, -1)
-
-    def _moments(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(N,)`` mean and variance in reporting units (law of total variance over the
-        components, or the draws' where the distribution has no moments)."""
-        try:
-            m, v = self._component_moments()
-        except NotImplementedError:
-            mean, var = self._over_draws(
-                lambda draws, _, w: torch.stack(sample_moments(draws, w)))
-            return self.y_mean + self.y_std * mean, self.y_std**2 * var
-        mean = mixture_average(m, self.weights)
-        return mean, mixture_average(v + (m - mean).square(), self.weights)
-
-    @property
-    def mean(self) -> torch.Tensor:
-        """``(N,)`` predictive mean (``p(y = 1)`` for Bernoulli components)."""
-        return self._moments()[0]
-
-    @property
-    def variance(self) -> torch.Tensor:
-        """``(N,)`` predictive variance (law of total variance over the mixture)."""
-        return self._moments()[1]
 
     def _bernoulli_p(self) -> torch.Tensor:
         return self.class_probabilities()[:, 1]

@@ -16,8 +16,8 @@ from ..rng import seeded
 from ..validation import binary_labels, check_positive_finite, check_positive_int
 from .sampled import sample_cdf, sample_crps, sample_moments, sample_quantiles
 
-__all__ = ["MixturePredictive", "bernoulli_cdf", "bernoulli_quantiles", "check_units",
-           "check_weights", "gaussian_mixture_cdf", "gaussian_mixture_crps",
+__all__ = ["ComponentMoments", "MixturePredictive", "bernoulli_cdf", "bernoulli_quantiles",
+           "check_units", "check_weights", "gaussian_mixture_cdf", "gaussian_mixture_crps",
            "gaussian_mixture_quantiles", "mixture_average"]
 
 #: entries of ``y`` drawn per block of points (``K S n``): 32 MiB of float64 draws
@@ -138,7 +138,40 @@ def check_units(y_mean, y_std, where: str) -> tuple[float, float]:
 
 
 
-class MixturePredictive:
+class ComponentMoments:
+    """The mean and variance of a mixture predictive from its components' moments
+    (``_component_moments() -> (m, v)``, each ``(S, N)`` in reporting units, or
+    ``NotImplementedError``), its ``weights`` and, where the components have no moments, its
+    draws (``_over_draws``, in model units, scaled by ``y_mean`` and ``y_std``)."""
+
+    def _moments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(N,)`` mean and variance in reporting units: the law of total variance over the
+        components' moments, ``sum_s w_s v_s + sum_s w_s (m_s - mean)^2``, or the draws'
+        where the likelihood has none."""
+        try:
+            m, v = self._component_moments()
+        except NotImplementedError:
+            mean, var = self._over_draws(
+                lambda draws, _, w: torch.stack(sample_moments(draws, w)))
+            return self.y_mean + self.y_std * mean, self.y_std**2 * var
+        if self.weights is None:
+            return m.mean(0), v.mean(0) + m.var(0, unbiased=False)
+        mean = mixture_average(m, self.weights)
+        return mean, mixture_average(v, self.weights) + mixture_average(
+            (m - mean).square(), self.weights)
+
+    @property
+    def mean(self) -> torch.Tensor:
+        """``(N,)`` predictive mean (``p(y = 1)`` for a binary predictive)."""
+        return self._moments()[0]
+
+    @property
+    def variance(self) -> torch.Tensor:
+        """``(N,)`` predictive variance (law of total variance over the mixture)."""
+        return self._moments()[1]
+
+
+class MixturePredictive(ComponentMoments):
     """``p(y* | x*) = sum_s w_s int p(y* | f) N(f; loc_s, var_s) df`` per test point, with
     ``w_s = 1/S`` or given weights.
 
@@ -256,31 +289,6 @@ class MixturePredictive:
                     w = w[:, points]
                 out.append(fn(draws, points, w))
         return torch.cat(out, -1)
-
-    def _moments(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(N,)`` mean and variance in reporting units: the law of total variance over the
-        components' moments, ``sum_s w_s v_s + sum_s w_s (m_s - mean)^2``, or the draws'
-        where the likelihood has none."""
-        try:
-            m, v = self._component_moments()
-        except NotImplementedError:
-            mean, var = self._over_draws(
-                lambda draws, _, w: torch.stack(sample_moments(draws, w)))
-            return self.y_mean + self.y_std * mean, self.y_std**2 * var
-        if self.weights is None:
-            return m.mean(0), v.mean(0) + m.var(0, unbiased=False)
-        mean = self._average(m)
-        return mean, self._average(v) + self._average((m - mean).square())
-
-    @property
-    def mean(self) -> torch.Tensor:
-        """``(N,)`` predictive mean."""
-        return self._moments()[0]
-
-    @property
-    def variance(self) -> torch.Tensor:
-        """``(N,)`` predictive variance (law of total variance over the mixture)."""
-        return self._moments()[1]
 
     def check_targets(self, y) -> torch.Tensor:
         """``y`` as a tensor of the predictive's ``(N,)`` shape (a ``(N, 1)`` ``y`` would
