@@ -276,6 +276,10 @@ def _ms(name: str) -> Column:
     return Column(f"{name} ms", lambda rec, flat: number(flat.get(f"ms_per_step.{name}")))
 
 
+#: the speed tables' first column
+LAYERS_BATCH = Column("layers, batch", lambda rec, flat: f"{rec['settings']['num_layers']}, "
+                      f"{rec['settings']['batch_size']}", ("num_layers", "batch_size"))
+
 SECTIONS = (
     Section("How accurate is it against the published DGP results?", "uci",
             _published_comparison,
@@ -297,16 +301,14 @@ SECTIONS = (
             "The local alpha objective (alpha-divergence, S samples) on UCI regression."),
     Section("How long is a step on CPU, against GPyTorch and the plain floor?", "speed",
             lambda rec: rec["settings"].get("device") == "cpu",
-            (Column("layers, batch", lambda rec, flat: f"{rec['settings']['num_layers']}, "
-                    f"{rec['settings']['batch_size']}", ("num_layers", "batch_size")),
+            (LAYERS_BATCH,
              _setting("dtype"), _setting("threads"), _ms("ours"), _ms("gpytorch"), _ms("plain"),
              _ratio("ours", "gpytorch")),
             "Milliseconds per training step (`plain`: the same maths written directly in "
             "torch, the floor)."),
     Section("How long is a step on GPU?", "speed",
             lambda rec: rec["settings"].get("device") == "cuda",
-            (Column("layers, batch", lambda rec, flat: f"{rec['settings']['num_layers']}, "
-                    f"{rec['settings']['batch_size']}", ("num_layers", "batch_size")),
+            (LAYERS_BATCH,
              _setting("dtype"), _ms("ours"), _ms("graph"), _ms("plain-graph"), _ms("gpytorch"),
              _ms("plain")),
             "Milliseconds per training step on the GPU (`graph`: `fit(cuda_graph=True)`'s step "
