@@ -82,6 +82,9 @@ IMPLEMENTATIONS = ("ours", "svi", "gpytorch", "plain")
 #: on a GPU also: ours' and the floor's step with the forward and backward pass replayed from a
 #: CUDA graph (pyro_dgp.infer.cuda_graph, as ``fit(cuda_graph=True)``)
 GRAPHED = ("graph", "plain-graph")
+#: on a GPU, an experiment towards the compute floor: ours' and the floor's loss compiled by
+#: ``torch.compile`` (inductor's fused kernels, replayed from its own CUDA graphs)
+COMPILED = ("compiled", "plain-compiled")
 
 
 @dataclass(frozen=True)
@@ -460,6 +463,24 @@ class Graphed:
         return float(loss)
 
 
+class Compiled(_AdamStep):
+    """``impl``'s loss compiled by ``torch.compile(mode="reduce-overhead")``: inductor fuses
+    the elementwise work into fewer kernels and replays them from CUDA graphs; the optimiser
+    step stays eager, as in :class:`Graphed`. Pyro's validation is off, as after fit's first
+    step."""
+
+    def __init__(self, impl, name: str):
+        self.impl, self.name, self.opt = impl, name, impl.opt
+        self.compiled = torch.compile(impl.loss, mode="reduce-overhead", dynamic=False)
+
+    def loss(self, X, y) -> torch.Tensor:
+        import pyro
+
+        torch.compiler.cudagraph_mark_step_begin()
+        with pyro.validation_enabled(False):
+            return self.compiled(X, y)
+
+
 # ------------------------------------------------------------------------------- driver
 def make_implementations(cfg: Config, names=IMPLEMENTATIONS):
     """Data, minibatch index sets and the implementations named (built from ours' init)."""
@@ -485,6 +506,11 @@ def make_implementations(cfg: Config, names=IMPLEMENTATIONS):
             impls[name] = Graphed(Ours(cfg, X, y), name)
         elif name == "plain-graph":
             impls[name] = Graphed(PlainDSVI.from_ours(ours.model, ours.guide), name)
+        elif name == "compiled":
+            pyro.set_rng_seed(cfg.seed)
+            impls[name] = Compiled(Ours(cfg, X, y), name)
+        elif name == "plain-compiled":
+            impls[name] = Compiled(PlainDSVI.from_ours(ours.model, ours.guide), name)
         else:
             raise ValueError(f"unknown implementation {name!r}")
     return X, y, batches, impls
@@ -645,9 +671,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=15)
-    p.add_argument("--impl", nargs="+", choices=IMPLEMENTATIONS + GRAPHED, default=None,
+    p.add_argument("--impl", nargs="+", choices=IMPLEMENTATIONS + GRAPHED + COMPILED,
+                   default=None,
                    help=f"default: {' '.join(IMPLEMENTATIONS)}, on CUDA also "
-                        f"{' '.join(GRAPHED)}")
+                        f"{' '.join(GRAPHED)}; {' '.join(COMPILED)} (torch.compile, CUDA "
+                        "only) when named")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
     p.add_argument("--guides", nargs="+", metavar="NAME",
                    help="instead: ms per step of fit with these registry guides, eager and (on "
@@ -701,8 +729,8 @@ def main(argv=None) -> int:
         return 0
     hidden = args.hidden or sorted({min(30, args.input_dim), 1}, reverse=True)
     names = list(args.impl or IMPLEMENTATIONS + (GRAPHED if args.device != "cpu" else ()))
-    if args.device == "cpu" and set(names) & set(GRAPHED):
-        raise SystemExit(f"--impl {' '.join(GRAPHED)} need --device cuda")
+    if args.device == "cpu" and set(names) & set(GRAPHED + COMPILED):
+        raise SystemExit(f"--impl {' '.join(GRAPHED + COMPILED)} need --device cuda")
     configs = [
         Config(L, M, B, H, args.input_dim, args.num_data, args.dtype, args.device, args.seed)
         for L in args.layers for M in args.inducing for B in args.batch for H in hidden
