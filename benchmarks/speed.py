@@ -464,19 +464,18 @@ class Graphed:
 
 
 class Compiled(_AdamStep):
-    """``impl``'s loss compiled by ``torch.compile(mode="reduce-overhead")``: inductor fuses
-    the elementwise work into fewer kernels and replays them from CUDA graphs; the optimiser
-    step stays eager, as in :class:`Graphed`. Pyro's validation is off, as after fit's first
-    step."""
+    """``impl``'s step with its loss compiled by ``torch.compile`` (inductor's default mode:
+    the elementwise work fused into fewer kernels); wrapped in :class:`Graphed`, the compiled
+    loss and gradient are then recorded as one CUDA graph, as ``fit(cuda_graph=True)`` records
+    the eager one. Pyro's validation is off, as after fit's first step."""
 
     def __init__(self, impl, name: str):
         self.impl, self.name, self.opt = impl, name, impl.opt
-        self.compiled = torch.compile(impl.loss, mode="reduce-overhead", dynamic=False)
+        self.compiled = torch.compile(impl.loss, dynamic=False)
 
     def loss(self, X, y) -> torch.Tensor:
         import pyro
 
-        torch.compiler.cudagraph_mark_step_begin()
         with pyro.validation_enabled(False):
             return self.compiled(X, y)
 
@@ -508,9 +507,10 @@ def make_implementations(cfg: Config, names=IMPLEMENTATIONS):
             impls[name] = Graphed(PlainDSVI.from_ours(ours.model, ours.guide), name)
         elif name == "compiled":
             pyro.set_rng_seed(cfg.seed)
-            impls[name] = Compiled(Ours(cfg, X, y), name)
+            impls[name] = Graphed(Compiled(Ours(cfg, X, y), name), name)
         elif name == "plain-compiled":
-            impls[name] = Compiled(PlainDSVI.from_ours(ours.model, ours.guide), name)
+            impls[name] = Graphed(Compiled(PlainDSVI.from_ours(ours.model, ours.guide), name),
+                                  name)
         else:
             raise ValueError(f"unknown implementation {name!r}")
     return X, y, batches, impls
@@ -572,13 +572,22 @@ def time_guides(cfg: Config, guides, steps: int) -> dict[str, dict]:
                        progress=False, final_elbo_particles=0, cuda_graph=cuda_graph,
                        seed=cfg.seed)
 
-    run(guides[0], False, 3)  # libraries' first-call set-up, outside the timings
+    try:
+        run(guides[0], False, 3)  # libraries' first-call set-up, outside the timings
+    except dgp.TrainingDivergedError:
+        pass  # named per guide below
     out = {}
     for name in guides:
         row = {}
         for cuda_graph in (False, True) if cfg.device.startswith("cuda") else (False,):
-            result = run(name, cuda_graph, steps)
-            row["graph" if cuda_graph else "eager"] = 1000 * result.seconds / steps
+            key = "graph" if cuda_graph else "eager"
+            try:
+                result = run(name, cuda_graph, steps)
+            except dgp.TrainingDivergedError as err:  # a figure of its own: which guide fails
+                row[key] = None
+                row[f"{key}_error"] = str(err).split(";")[0]
+                continue
+            row[key] = 1000 * result.seconds / steps
             if cuda_graph:
                 row["graph_steps"] = result.graph_steps
         out[name] = row
@@ -790,14 +799,17 @@ def _guides_main(args, configs) -> int:
                 "steps": args.steps, "kind": "guides"}
         for name, row in _run_worker(spec).items():
             graph = row.get("graph")
-            print(f"| {cfg.label} | {name} | {row['eager']:.2f} | {_fmt(graph, '.2f')} | "
-                  f"{_fmt(None if graph is None else row['eager'] / graph, '.1f')} |",
-                  flush=True)
+            eager = row.get("eager")
+            ratio = None if graph is None or eager is None else eager / graph
+            errors = "; ".join(row[k] for k in ("eager_error", "graph_error") if k in row)
+            print(f"| {cfg.label} | {name} | {_fmt(eager, '.2f')} | {_fmt(graph, '.2f')} | "
+                  f"{_fmt(ratio, '.1f')} |" + (f" {errors}" if errors else ""), flush=True)
             if not args.no_record:
                 results.record("speed_guides", {**asdict(cfg), "threads": args.threads,
                                                 "guide": name, "steps": args.steps},
                                {"ms_per_step": {k: v for k, v in row.items()
-                                                if k != "graph_steps"},
+                                                if k in ("eager", "graph")},
+                                **{k: v for k, v in row.items() if k.endswith("_error")},
                                 **({"graph_steps": row["graph_steps"]}
                                    if "graph_steps" in row else {})})
     return 0

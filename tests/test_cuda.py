@@ -49,8 +49,10 @@ def test_resume_on_cuda_is_exact(tmp_path):
         pyro.clear_param_store()
         model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=10, seed=0)
         guide = dgp.guides.MeanField(model, collapsed=False)
+        # a constant rate: the default schedule is a function of num_steps, so a 5-step run
+        # resumed to 10 would not follow the 10-step run's rates
         result = dgp.fit(model, guide, X, y, num_steps=steps, batch_size=32, progress=False,
-                         checkpoint=ckpt, resume=resume, seed=3)
+                         checkpoint=ckpt, resume=resume, seed=3, lr_schedule="constant")
         return result, guide
 
     full, g_full = run(10, tmp_path / "a.pt")
@@ -183,9 +185,10 @@ def test_cuda_graph_float32_and_lr_schedule():
 
 
 def test_cuda_graph_resume_continues_the_run(tmp_path):
-    full, g_full = _fit_losses(True, checkpoint=tmp_path / "a.pt")
-    _fit_losses(True, steps=5, checkpoint=tmp_path / "b.pt")
-    resumed, g_res = _fit_losses(True, checkpoint=tmp_path / "b.pt", resume=True)
+    constant = {"lr_schedule": "constant"}  # the default schedule depends on num_steps
+    full, g_full = _fit_losses(True, checkpoint=tmp_path / "a.pt", **constant)
+    _fit_losses(True, steps=5, checkpoint=tmp_path / "b.pt", **constant)
+    resumed, g_res = _fit_losses(True, checkpoint=tmp_path / "b.pt", resume=True, **constant)
     assert resumed.resumed_from == 5
     assert torch.allclose(torch.tensor(resumed.losses), torch.tensor(full.losses), rtol=1e-9)
 
