@@ -309,10 +309,19 @@ SECTIONS = (
     Section("How long is a step on GPU?", "speed",
             lambda rec: rec["settings"].get("device") == "cuda",
             (LAYERS_BATCH,
-             _setting("dtype"), _ms("ours"), _ms("graph"), _ms("plain-graph"), _ms("gpytorch"),
-             _ms("plain")),
+             _setting("dtype"), _ms("ours"), _ms("graph"), _ms("plain-graph"),
+             _ms("plain-compiled"), _ms("gpytorch")),
             "Milliseconds per training step on the GPU (`graph`: `fit(cuda_graph=True)`'s step "
-            "replayed from a CUDA graph; `plain-graph`: the plain floor replayed)."),
+            "replayed from a CUDA graph; `plain-graph`: the plain floor replayed; "
+            "`plain-compiled`: the floor's loss compiled by `torch.compile` and replayed)."),
+    Section("How long is each guide's step on GPU?", "speed_guides", lambda rec: True,
+            (_setting("guide"), LAYERS_BATCH, _setting("dtype"), _ms("eager"), _ms("graph"),
+             Column("failure", lambda rec, flat: "; ".join(
+                 str(flat[k]) for k in ("eager_error", "graph_error") if k in flat)
+                 or "-")),
+            "Milliseconds per step of `fit` by registry guide, eager and with "
+            "`cuda_graph=True` (over the run's steps, the first validated step and the "
+            "recording included); a guide whose loss became NaN is named with its step."),
     Section("How does it scale with the number of rows?", "scale", lambda rec: True,
             (_setting("rows"), _setting("processes"), _setting("reader"),
              _figure("seconds_per_epoch", "s/epoch"),

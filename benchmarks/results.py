@@ -15,9 +15,10 @@ The fields of a record:
 ``machine``
     where it ran: ``host`` (``platform.node()``), ``arch`` (``platform.machine()``), ``cpu``
     (the CPU model), ``cores`` (logical processors), ``python``, and where torch is importable
-    ``torch`` (its version), ``threads`` (torch's intra-op threads) and ``gpu`` (the CUDA
-    device's name, when one is available). Records copied from the earlier log hold the log's
-    own text here (a string), or ``null`` where it gave none.
+    ``torch`` (its version), ``threads`` (torch's intra-op threads), ``gpu`` (the CUDA
+    device's name, when one is available) and the versions of :data:`TIMED_LIBRARIES` that are
+    installed (``pyro``, ``gpytorch``, ``linear_operator``, ``numpy``). Records copied from the
+    earlier log hold the log's own text here (a string), or ``null`` where it gave none.
 ``date``
     when it was recorded: a UTC ISO timestamp (``2026-11-25T03:58:34+00:00``); a copied record
     holds the date (and time, where given) as the log wrote it.
@@ -35,6 +36,9 @@ The fields of a record:
     equal settings measure the same configuration.
 ``figures``
     what was measured, by name (``test_loglik``, ``rmse``, ``ms_per_step``, ...).
+``transcribed``
+    on records written here from a run's printed table (a GPU machine whose files did not come
+    back): how; the figures are that run's, rounded as it printed them.
 ``source``, ``source_line``, ``note``
     on records copied from the log only: ``"history.md"``, the line of
     ``benchmarks/results/history.md`` holding the figures, and a remark where the log's
@@ -93,6 +97,25 @@ def _machine() -> dict:
     out["threads"] = torch.get_num_threads()
     if torch.cuda.is_available():
         out["gpu"] = torch.cuda.get_device_name()
+    out.update(_library_versions())
+    return out
+
+
+#: the libraries whose versions a timing depends on (GPyTorch's step, for one, changed with
+#: linear_operator), recorded where importable
+TIMED_LIBRARIES = ("pyro", "gpytorch", "linear_operator", "numpy")
+
+
+def _library_versions() -> dict:
+    from importlib import metadata
+
+    names = {"pyro": "pyro-ppl", "linear_operator": "linear-operator"}
+    out = {}
+    for lib in TIMED_LIBRARIES:
+        try:
+            out[lib] = metadata.version(names.get(lib, lib))
+        except metadata.PackageNotFoundError:
+            continue
     return out
 
 

@@ -7,6 +7,8 @@ import shlex
 import sys
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripts are not an installed package
@@ -30,6 +32,11 @@ def test_record_appends_one_line_per_call_and_reads_back(tmp_path):
     assert first["benchmark"] == "toy" and first["session"] is None
     assert first["machine"]["cores"] and first["machine"]["host"] is not None
     assert {"arch", "cpu", "python"} <= set(first["machine"])
+    # the versions a timing depends on (pyro is a dependency, so always there)
+    from importlib.metadata import version
+
+    assert first["machine"]["pyro"] == version("pyro-ppl")
+    assert first["machine"]["torch"] == torch.__version__
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", first["date"])
     assert first["dirty"] in (True, False, None)
     back = results.read("toy", tmp_path)
