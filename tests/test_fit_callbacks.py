@@ -358,3 +358,14 @@ def test_the_demos_gp_ends_converged_under_the_default_schedule():
     tail = torch.tensor(result.losses[-500:]) / 100
     assert float(tail.max() - tail.min()) < 0.1  # no spike in the last third
     assert float(tail[-50:].mean()) <= float(tail.min()) + 0.01  # ends at its best
+
+
+def test_a_loss_past_1e154_is_tracked_not_an_overflow_error():
+    """The smoothed square of a residual past 1e154 is inf (then a warning), not Python's
+    OverflowError out of fit (a three-layer Chain started at 1e-5 reached 1e200)."""
+    from pyro_dgp.infer.monitor import LossMonitor
+
+    monitor = LossMonitor(num_data=1)
+    for loss in (10.0, 9.0, 1e200, 1e300):
+        monitor.update(loss)
+    assert math.isinf(monitor.noise) and monitor.rise() > 1e150

@@ -32,9 +32,15 @@ class Chain(JointGaussian):
     out through ``q(u^L | u^{L-1})`` (Gaussian, independent of everything else given
     ``u^{L-1}``), so ``f^L`` is drawn from the collapsed marginal: exact, and of lower variance
     than sampling ``u^L``. ``per_point`` as for :class:`Coupled`.
+
+    Initialisation: every layer at its prior (``inner_variance = 1``, as :class:`MeanField`),
+    couplings zero. A near-deterministic inner start (``inner_variance=1e-5``, Coupled's
+    default) is unstable here with three layers or more: the whitened residual passed up the
+    chain, ``w_l = L_l^-1 C_l w_{l-1} + e_l``, grows like ``|C_l| / sqrt(inner_variance)``
+    as soon as a step moves ``C_l``.
     """
 
-    def __init__(self, model, inner_variance: float = 1e-5, per_point: bool | None = None,
+    def __init__(self, model, inner_variance: float = 1.0, per_point: bool | None = None,
                  name=None):
         super().__init__(model, inner_variance, per_point, name=name)
         self.locs = PyroModule()

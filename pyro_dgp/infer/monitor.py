@@ -87,7 +87,9 @@ class LossMonitor:
         """Take in one step's loss (full-data scale)."""
         x = loss / self.num_data
         if self.steps:
-            self.square = BETA * self.square + (1 - BETA) * (x - self.mean) ** 2
+            residual = x - self.mean  # r * r, not r ** 2: a float past 1e154 gives inf, which
+            # the rise check then reports, where ** raises OverflowError out of fit
+            self.square = BETA * self.square + (1 - BETA) * residual * residual
             self.mean = BETA * self.mean + (1 - BETA) * x
         else:
             self.mean = x
