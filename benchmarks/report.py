@@ -266,6 +266,11 @@ def _guide_comparison(rec: dict) -> bool:
     return _is_elbo(rec) and rec["settings"].get("guide") != "meanfield"
 
 
+def _initialisation_study(rec: dict) -> bool:
+    s = rec["settings"]
+    return _is_elbo(rec) and s.get("guide") == "meanfield" and s.get("init") is not None
+
+
 DATASET_MODEL = Column("data set, model", lambda rec, flat: f"{rec['settings'].get('dataset')}, "
                        f"{rec['settings'].get('model')}", ("dataset", "model"))
 LOGLIK, RMSE = _figure("test_loglik", "test log-lik (se)"), _figure("rmse", "RMSE (se)")
@@ -299,6 +304,12 @@ SECTIONS = (
             (DATASET_MODEL, _setting("guide"), _setting("objective"), _setting("steps"),
              SPLITS, LOGLIK, RMSE),
             "The local alpha objective (alpha-divergence, S samples) on UCI regression."),
+    Section("Which starting values train best?", "uci", _initialisation_study,
+            (DATASET_MODEL, _setting("init"), _setting("steps"), SPLITS, LOGLIK, RMSE),
+            "Mean-field DS-DGP on UCI regression from each start of `benchmarks/uci.py --init` "
+            "(`package`: the start `DeepGP.regression` uses; the others, `benchmarks/inits.py`'s, "
+            f"change one thing of the published start of {SALIMBENI}, whose rows are in the "
+            "first section, except `gpytorch`, GPyTorch's start, which the package adopted)."),
     Section("How long is a step on CPU, against GPyTorch and the plain floor?", "speed",
             lambda rec: rec["settings"].get("device") == "cpu",
             (LAYERS_BATCH,

@@ -68,17 +68,27 @@ else:
 templates_path = ["_templates"]
 
 
+def results_label(question: str) -> str:
+    """The cross-reference label of a section of the benchmarks page: ``results-`` and the
+    heading's GitHub anchor (``How long is a step on GPU?``: ``results-how-long-is-a-step-on-gpu``),
+    so that pages and docstrings link a section with ``{ref}`` / ``:ref:``."""
+    return "results-" + re.sub(r"\s", "-", re.sub(r"[^\w\s-]", "", question.strip().lower()))
+
+
 def _write_benchmarks_page() -> None:
     """``BENCHMARKS.md`` (written by ``benchmarks/report.py``) as a page of the site.
 
     Its links name files of the repository outside ``docs/`` (``benchmarks/results/*.jsonl``),
-    which are not part of the site: each becomes its path in code. The page is generated into
-    ``docs/_generated/`` (ignored by git) on every build, so it always shows the current file.
+    which are not part of the site: each becomes its path in code. Each section gets the label
+    :func:`results_label`. The page is generated into ``docs/_generated/`` (ignored by git) on
+    every build, so it always shows the current file.
     """
     text = (ROOT / "BENCHMARKS.md").read_text()
     text = re.sub(r"\[([^\]]*)\]\((benchmarks/[^)]*)\)",
                   lambda m: f"`{m.group(2)}`" if m.group(1).strip("`") == m.group(2)
                   else f"{m.group(1)} (`{m.group(2)}`)", text)
+    text = re.sub(r"^## (.+)$", lambda m: f"({results_label(m.group(1))})=\n## {m.group(1)}",
+                  text, flags=re.M)
     page = DOCS / "_generated" / "benchmarks.md"
     page.parent.mkdir(exist_ok=True)
     if not page.exists() or page.read_text() != text:  # unchanged: not re-read by Sphinx

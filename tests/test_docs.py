@@ -139,6 +139,69 @@ def test_the_api_reference_pages_are_in_its_toctree():
             assert re.search(rf"^   {page.stem}$", index, re.M), f"{page.name} not in api/index"
 
 
+# --- measured figures live on the results page only -----------------------------------------
+
+#: the texts that state the contract and the method: the package's docstrings and comments,
+#: the site's pages, the README and the notebooks' index
+PROSE = sorted([*(ROOT / "pyro_dgp").rglob("*.py"), *DOCS.glob("*.md"), ROOT / "README.md",
+                ROOT / "notebooks" / "README.md"])
+#: a figure that was measured, not derived: a time, a speed-up, a score, or the date of a run
+MEASURED = re.compile("|".join([
+    r"\b\d+(?:\.\d+)? ?ms\b",                                    # 23.5 ms
+    r"\btook (?:about |up to )?\d",                              # took 0.19 s
+    r"\b\d+(?:\.\d+)?(?:x| times) (?:faster|slower|longer|shorter|lower|higher)\b",
+    r"\bRMSE (?:of |was )?[-+]?\d",                              # RMSE 0.71
+    r"\bNLL (?:of |was )?[-+]?\d",                               # NLL 4.4
+    r"\bELBOs? (?:of |was )?[-+]\d",                             # ELBO of -34.5
+    r"\blog-likelihood (?:of |by )?[-+]\d",                      # log-likelihood +0.075
+    r"\b\d+(?:\.\d+)? nats (?:after|per point late|behind)\b",  # 0.9 nats after 2000 steps
+    r"\b\d+(?:\.\d+)? ?MiB (?:larger|smaller)\b",                # 146 MiB larger
+    r"\b20\d\d-[01]\d-[0-3]\d\b",                                # 2026-11-26
+]))
+
+
+def measured_figures(text: str) -> list[str]:
+    """``line: text`` of each line of ``text`` that quotes a measured figure."""
+    return [f"{i}: {line.strip()}" for i, line in enumerate(text.splitlines(), 1)
+            if MEASURED.search(line)]
+
+
+def test_measured_figures_reads_times_scores_and_dates():
+    quoted = ("took 0.19 s\na 16.8 ms step\n4 times slower\nRMSE 0.71\ntest NLL 1.07\n"
+              "an ELBO of -34.5\ntest log-likelihood +0.075\n0.9 nats after 2000 steps\n"
+              "146 MiB larger\n(2026-11-26)")
+    assert len(measured_figures(quoted)) == len(quoted.splitlines())
+    derived = ("jitter 1e-6\na 300 s timeout\nlog 2 nats\n268 MB per step\nthe 95% interval\n"
+               "1 / (2 * 0.01) = 50 nats\nELBO = log Z - KL\nRMSE (se)")
+    assert measured_figures(derived) == []
+
+
+@pytest.mark.parametrize("path", PROSE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_measured_figures_outside_the_results(path):
+    """Measured figures are on the results page (``BENCHMARKS.md``, the site's benchmarks
+    page) and in ``benchmarks/results/history.md``; docstrings and docs link there."""
+    hits = measured_figures(path.read_text(encoding="utf-8"))
+    assert not hits, f"{path.relative_to(ROOT)} quotes measured figures (link the results " \
+                     "page instead):\n" + "\n".join(hits)
+
+
+def history_sections_named(text: str) -> list[str]:
+    """The sections of ``benchmarks/results/history.md`` a text names, as
+    ``history.md``, "Heading" (over line breaks, comment markers and indentation)."""
+    flat = re.sub(r"\s*\n\s*(?:#:?\s*)?", " ", text)
+    return re.findall(r"history\.md`*,\s+\"([^\"]+)\"", flat)
+
+
+def test_each_history_section_named_is_a_heading_of_it():
+    headings = set(re.findall(r"^##+ (.+?)\s*$",
+                              (ROOT / "benchmarks" / "results" / "history.md").read_text(), re.M))
+    named = {(path.relative_to(ROOT).as_posix(), name) for path in PROSE
+             for name in history_sections_named(path.read_text(encoding="utf-8"))}
+    assert named, "no text names a section of history.md"
+    missing = sorted((path, name) for path, name in named if name not in headings)
+    assert not missing, f"not a heading of benchmarks/results/history.md: {missing}"
+
+
 # --- the build (marked docs) ----------------------------------------------------------------
 
 

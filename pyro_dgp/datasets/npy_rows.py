@@ -3,9 +3,9 @@ the process's resident memory flat.
 
 A memory map keeps every page it has touched in the process's resident set, and on Linux a
 read fault maps the whole cached folio around the page (up to 2 MiB with the large folios of
-ext4 and xfs): a batch of 10,000 rows at random places of a 320 MiB file, read through a map,
-made the process 146 MiB larger at its peak, against 5 MiB for a 3.2 MiB file (measured with
-``/proc/self/status``). :class:`NpyRows` instead copies each row from the kernel's page cache
+ext4 and xfs), so a batch of rows at random places of a large file, read through a map, grows
+the process by a good part of the file (``benchmarks/results/history.md``, "Reading .npy rows
+without a memory map"). :class:`NpyRows` instead copies each row from the kernel's page cache
 with ``os.pread`` into a buffer of its own: no page of the file is ever mapped, and a
 contiguous chunk is one read.
 """

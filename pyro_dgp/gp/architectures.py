@@ -124,10 +124,10 @@ def pca_mean(X: torch.Tensor, d_out: int) -> torch.Tensor:
 #: a column of ``X`` with a standard deviation below this is warned about: with the starting
 #: lengthscale ``ln 2`` two points one such deviation apart have a kernel correlation above
 #: ``exp(-0.1^2 / (2 ln^2 2)) = 0.99``, so the initial GP is nearly constant along the column
-#: and the fit must first shrink the lengthscale by an order of magnitude or more. On
-#: ``sin(2x)``, ``x`` uniform on ``[-3, 3]``, 1,000 Adam steps fit at a column deviation of
-#: 0.05 and settle on the constant mean at 0.017 (and below), so a threshold of ``1e-2``
-#: would miss such failures; ``0.1`` leaves a margin.
+#: and the fit must first shrink the lengthscale by an order of magnitude or more. A fit of
+#: ``sin(2x)`` can fail at a column deviation above ``1e-2`` (``benchmarks/results/history.md``,
+#: "Small input columns"), so a threshold of ``1e-2`` would miss such failures; ``0.1`` leaves a
+#: margin.
 SMALL_INPUT_STD = 0.1
 
 

@@ -109,8 +109,9 @@ def solve_triangular(L: torch.Tensor, B: torch.Tensor, upper: bool) -> torch.Ten
 
     With one ``L`` and a batched ``B (..., M, n)`` the batch is folded into the columns of one
     solve. Broadcasting ``L`` instead copies it per batch entry and, in the backward pass, forms
-    and sums a gradient of ``L`` per entry: with per-point draws (N entries) the whole Chain
-    step on energy was 4 times slower (profiled, 3 steps)."""
+    and sums a gradient of ``L`` per entry: with per-point draws (N entries) that made the
+    whole Chain step on energy several times slower (``benchmarks/results/history.md``,
+    "One factor for a batch of triangular solves")."""
     if L.dim() == 2 and B.dim() > 2:
         X = torch.linalg.solve_triangular(L, _fold(B), upper=upper)
         return _unfold(X, B.shape[:-2], B.shape[-1])

@@ -77,10 +77,10 @@ class Chain(JointGaussian):
         residual ``w_{l-1} = L_{l-1}^{-1} (v_{l-1} - m_{l-1})``, not ``B_l``: the same family,
         but a gradient step on ``B_l`` changes the cross covariance ``B_l L_{l-1} L_{l-1}^T``
         in proportion to the small inner-layer scale (``L_{l-1} ~ sqrt(inner_variance) I`` at
-        the start), so the coupling hardly moved. Measured on the compositional toy of
-        Ustyuzhaninov et al. 2020 (4000 steps,
-        10 trials): Chain kept a fifth of Coupled's ``Var[f1(0)]`` and trailed its ELBO,
-        though with two layers the two families are the same. ``C_l`` is in the units of
+        the start), so the coupling hardly moved: on the compositional toy of Ustyuzhaninov
+        et al. 2020 Chain kept far less of Coupled's ``Var[f1(0)]`` and trailed its ELBO,
+        though with two layers the two families are the same (``benchmarks/results/history.md``,
+        "Chain's coupling parameter"). ``C_l`` is in the units of
         Coupled's cross-layer factor entries (with two layers it is that block). Draws and
         :meth:`factor` use ``C_l`` and ``w`` directly (``v_l = m_l + C_l w_{l-1} + L_l e_l``),
         never ``L_{l-1}^{-1}`` applied to a difference of draws, whose gradient for

@@ -19,16 +19,14 @@ Estimator of ``E_q log p(y | f^L)``, shared by both guides:
   reparameterisation, as DSVI's collapsed ``f`` draws are per point). The expected
   log-likelihood is a sum over points of expectations under the same ``q(U)``, so each term may
   use its own draw: unbiased, and the noise of one shared ``U`` no longer hits every point's
-  gradient at once. Measured on the compositional toy of Ustyuzhaninov et al. 2020 after 1000 steps
-  (``Coupled``, 200 gradients):
-  the summed variance of the gradient is 5.7 to 6.6 times lower than with one shared draw
-  (two measurements, 200 gradients each, before and after the final preconditioner). Cost:
+  gradient at once, which lowers the gradient's variance (measured on the compositional toy of
+  Ustyuzhaninov et al. 2020: ``benchmarks/results/history.md``, "Per-point draws: the
+  gradient's variance and the step time (joint guides)"). Cost:
   ``O(N T K)`` per step for the draws (``T`` below, ``K`` the factor's columns: ``T`` full
   rank, ``r`` low rank), against ``O(T K)`` for one shared draw; the default
   ``per_point=None`` uses it while ``N T K <= per_point_budget`` (``1e9``: boston, ``N T K =
-  9e8``: a whole step took 0.19 s with ``Coupled``, 0.27 s with ``Chain``, one thread on a busy
-  machine, ``benchmarks/results/history.md``; a 10,000-point minibatch with ``T = 900`` would
-  need 8e9). The ``<layer>.f`` values of a
+  9e8``, whose step times are in ``BENCHMARKS.md``, "How do the guides compare?"; a
+  10,000-point minibatch with ``T = 900`` would need 8e9). The ``<layer>.f`` values of a
   per-point trace are not one function's values: take sample paths under
   :meth:`~pyro_dgp.guides.base.LayerGuide.shared_draws`.
 """

@@ -74,9 +74,9 @@ class MeanField(GaussianBlocks, LayerGuide):
     that point's draw as its inducing inputs (one ``M x M`` Cholesky factor per point,
     ``O(N M^3)``). Unbiased, since the expected log-likelihood is a sum over points of
     expectations under the same ``q``. One draw shared by all points moves every point's
-    gradient at once: on the compositional toy of Ustyuzhaninov et al. 2020 after 1000 steps the
-    summed variance of the gradient
-    was 2.1 to 5.8 times lower per point (two runs, different fitted states). (The ``KL`` of
+    gradient at once, so per-point draws lower the gradient's variance (measured on the
+    compositional toy of Ustyuzhaninov et al. 2020: ``benchmarks/results/history.md``,
+    "Per-point draws: the gradient's variance (MeanField)"). (The ``KL`` of
     the next layer, ``E_q(u) KL(q(u') || p(u' | u))``, is estimated with the shared draw of
     the ``<layer>.u`` site.) Sample paths need :meth:`shared_draws`, as for the joint guides.
 

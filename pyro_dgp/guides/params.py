@@ -45,9 +45,9 @@ def block_preconditioner(sizes: list[int], like: torch.Tensor) -> torch.Tensor:
     a joint guide's per-layer blocks are parameterised as MeanField's. Across blocks, the
     thousands of cross-output entries of a wide factor moving at that rate inflate the inner
     layers' covariance early in training and stall it (on boston, Chain with the cross entries
-    scaled by ``1/sqrt(b - 1)`` for ``b`` blocks trailed MeanField's test log-likelihood by
-    0.9 nats after 2000 steps: ``benchmarks/results/history.md``). Scaled by ``1/sqrt(n)``,
-    the cross part of a row moves by about ``lr`` whatever its width.
+    scaled by ``1/sqrt(b - 1)`` for ``b`` blocks trailed MeanField's test log-likelihood:
+    ``benchmarks/results/history.md``, "Cross-entry scale of the joint guides"). Scaled by
+    ``1/sqrt(n)``, the cross part of a row moves by about ``lr`` whatever its width.
     """
     ids = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)).to(like.device)
     same = ids[:, None] == ids[None, :]

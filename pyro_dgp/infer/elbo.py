@@ -9,9 +9,9 @@ masked ``<layer>.f`` site, and a score-part tuple per site, all discarded.
 This class computes the same estimator from the same two traces, evaluating only what enters
 the sum. For a layer guide of the model it takes both traces from one run of the guide, which
 runs the model itself (:meth:`~pyro_dgp.guides.base.LayerGuide.traces`), instead of running
-the model again under ``poutine.replay``: that second run redid nothing the loss needs (0.35
-ms of a 16.8 ms step, speed benchmark's 2-layer model, M = 100, B = 1024, H = 8, 2 threads;
-``benchmarks/results/history.md``). The sum:
+the model again under ``poutine.replay``: that second run redid nothing the loss needs (its
+share of a step: ``benchmarks/results/history.md``, "AnalyticKL_ELBO without the model's
+replay"). The sum:
 
 - an observed model site: its scaled and masked log-density;
 - a latent site: ``KL(q || p)`` in closed form where one is registered, else

@@ -17,8 +17,9 @@ risen *far* above it when::
 ``sd_best`` the noise where the best was reached: a rise of one nat per point is a model
 whose data fit is worse by a factor ``e`` on average, and one of ten times the step-to-step
 noise is no minibatch's chance (the average of 50 steps varies by a tenth of that noise).
-(On the demo's step function a constant ``lr = 0.02`` rises 1.6 to 2 nats per point late in
-the run; the default cosine schedule at most 0.4, early, and recovers.)
+(On the demo's step function a constant ``lr = 0.02`` rises past it late in the run and the
+default cosine schedule does not: ``benchmarks/results/history.md``, "The instability warning
+on the demo".)
 It is warned once per run, as :class:`TrainingInstabilityWarning`, when the smoothed loss has
 stayed that far above its best for ``RISE_STEPS`` (10) steps in a row: the first steps from a
 poor start may go up and come down again.

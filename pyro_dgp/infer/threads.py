@@ -2,17 +2,13 @@
 
 torch's intra-op threads pay a fork/join and a spin-wait on every operation. A deep GP step is
 hundreds of small operations on ``(B, M)`` and ``(M, M)`` matrices, and on a machine whose
-cores are busy with other processes each wait can cost a time slice. Measured on 2 cores
-(``benchmarks/results/threads.jsonl``, a 2-layer model with 8 hidden units, float64), one
-step with 1 thread against 2:
+cores are busy with other processes each wait can cost a time slice. On 2 cores, below about
+``3e8`` multiply-adds per step (:func:`step_work`) one thread was a little slower than two on
+a quiet machine and many times faster on a busy one, and above it two were faster on both
+(``BENCHMARKS.md``, "How does the step time change with torch's thread count?", from
+``benchmarks/results/threads.jsonl``).
 
-- ``M = 128, B = 1024`` (``1.5e8`` multiply-adds, :func:`step_work`): 60 against 46 ms on a
-  quiet machine, but 180 against 1173 ms on a busy one;
-- ``M = 50, B = 4096`` (``9.2e7``): 61 against 1064 ms busy;
-- ``M = 128, B = 4096`` (``6.0e8``): 214 against 136 ms quiet, 287 against 178 ms busy.
-
-So below :data:`PARALLEL_WORK` multiply-adds per step :func:`threads_for` picks one thread (at
-most 1.3 times slower on a quiet machine, where two could be 17 times slower on a busy one),
+So below :data:`PARALLEL_WORK` multiply-adds per step :func:`threads_for` picks one thread,
 and one more per further ``PARALLEL_WORK``, up to the cores this process may run on. The
 choice depends on the problem's size and the machine only, so a seeded run is reproducible on
 that machine (the thread count changes the order of floating-point sums).
