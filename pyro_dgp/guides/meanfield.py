@@ -128,7 +128,7 @@ class MeanField(GaussianBlocks, LayerGuide):
             Z_ref = (q if q is not None else self.q_params(below))[0].mT
         else:
             Z_ref = layer.inducing_points
-        L_ref = layer._factor(layer.kernel(Z_ref))
+        L_ref = layer.cholesky_of(layer.kernel(Z_ref))
         return layer.mean_function(Z_ref).mT, L_ref
 
     def _setup_sites(self, sites: list[LayerSite]) -> None:
@@ -233,7 +233,7 @@ class MeanField(GaussianBlocks, LayerGuide):
         return estimators.sampled(site, x, u)
 
     def f_given_u(self, site, x, u, run):
-        if not self.per_point or self._shared_only:
+        if not self.per_point or self.draws_shared:
             return estimators.sampled(site, x, u)
         loc, scale_tril = self._q_for_run(site, run)
         eps = torch.randn(u.shape[:-2] + x.shape[-2:-1] + loc.shape, dtype=loc.dtype,

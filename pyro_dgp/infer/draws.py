@@ -26,6 +26,7 @@ from ..gp.sites import function_site, layer_site
 from ..guides.base import sample_paths, shared_draws
 from ..likelihoods import AnalyticObservation
 from ..rng import seeded
+from ..validation import pyro_name
 
 __all__ = [
     "check_guide_of",
@@ -70,7 +71,7 @@ def check_guide_of(model, guide, where: str) -> None:
     :raises ValueError: where ``guide.model`` is not ``model``."""
     if is_layer_guide(guide) and guide.model is not model:
         def name(m):
-            return f"{type(m).__name__} '{getattr(m, '_pyro_name', '') or id(m)}'"
+            return f"{type(m).__name__} '{pyro_name(m) or id(m)}'"
 
         copy = (" (another object of the same name: a copy? copy a model and its guide "
                 "together, copy.deepcopy((model, guide)))" if name(guide.model) == name(model)
