@@ -10,13 +10,14 @@ from pyro.distributions import constraints
 from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
 
-from ..validation import check_positive_finite
-from . import estimators
-from .base import GuideRun, LayerGuide
-from .blocks import GaussianBlocks
-from .gaussian import LayerGaussian, initial_scale_tril, mvn_site
-from .params import copy_into, deep_getattr
-from .prototype import LayerSite
+from ...validation import check_positive_finite
+from .. import estimators
+from ..base import GuideRun, LayerGuide
+from ..blocks import GaussianBlocks
+from ..gaussian import LayerGaussian, initial_scale_tril, mvn_site
+from ..params import copy_into, deep_getattr
+from ..prototype import LayerSite
+from ..registry import register_guide
 
 __all__ = ["MeanField"]
 
@@ -31,6 +32,9 @@ class MeanFieldRun(GuideRun):
     point_u: dict = field(default_factory=dict)
 
 
+@register_guide("meanfield-sampled", "mean-field Gaussian per layer, sampled-u estimator",
+                collapsed=False)
+@register_guide("meanfield", "mean-field Gaussian per layer, collapsed estimator (DSVI)")
 class MeanField(GaussianBlocks, LayerGuide):
     """``q(U) = prod_l prod_d N(u^l_d; m^l_d, S^l_d)``, a full ``M x M`` covariance per output.
 
@@ -112,6 +116,9 @@ class MeanField(GaussianBlocks, LayerGuide):
         per_point_u = self.per_point and any(
             getattr(layer, "feeds_inducing_inputs", False) for layer in layers)
         return not self.collapsed and not per_point_u
+
+    def export_attrs(self) -> dict[str, str | int]:
+        return {**super().export_attrs(), "collapsed": int(self.collapsed)}
 
     def _reparameterised(self, site: LayerSite) -> bool:
         """Whether ``q(u)`` at ``site`` is stored relative to ``K(Z_ref)`` (see the class)."""
