@@ -44,8 +44,11 @@ class GuideProtocol:
     #: (analytic KL; ``AnalyticKL_ELBO``) is exact for it.
     mean_field: bool = False
     #: Whether one run's ``log p(y, u) - log q(u)`` summed over its sites is an importance
-    #: weight of that draw (every ``f`` drawn given the run's own ``u``, every log-density the
-    #: site's own), as ``RenyiELBO`` needs.
+    #: weight of that draw: every ``f`` drawn given the run's own ``u``, and every log-density
+    #: the site's own (not a closed-form KL); the observation then scores ``log p(y | draw)``
+    #: inside :func:`pyro_dgp.importance_weights`. Objectives that are not linear in the
+    #: log-weight (``RenyiELBO``) need it; the ELBO does not, and collapsed estimators rely
+    #: on that.
     per_draw_weights: bool = False
     #: Why the runs are not importance weights (read where ``per_draw_weights`` is false).
     no_weights_reason: str = NO_WEIGHTS_REASON
