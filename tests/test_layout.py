@@ -137,6 +137,37 @@ def test_the_private_attribute_check_catches_a_reach():
     assert sorted(bad) == ["_factor", "_prefix"]
 
 
+#: the classes of ``pyro_dgp.guides`` that code outside it must not test a guide against
+GUIDE_CLASSES = {"LayerGuide", "MeanField", "Coupled", "Chain", "Completed", "SemiImplicit",
+                 "Amortized", "JointGaussian", "GaussianBlocks", "PlainGuide"}
+
+
+def _guide_switches(tree: ast.AST) -> list[str]:
+    """``isinstance(x, <a guide class>)``, and ``getattr``/``hasattr`` of an object named
+    ``guide``: the questions that the guide protocol answers instead."""
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args):
+            continue
+        if node.func.id == "isinstance" and len(node.args) == 2:
+            classes = [n.id if isinstance(n, ast.Name) else getattr(n, "attr", "")
+                       for n in ast.walk(node.args[1])]
+            if GUIDE_CLASSES & set(classes):
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif (node.func.id in ("getattr", "hasattr") and isinstance(node.args[0], ast.Name)
+              and node.args[0].id == "guide"):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if "guides" not in p.parts], ids=_name)
+def test_no_guide_family_switches_outside_guides(path):
+    """Outside ``pyro_dgp/guides/`` a guide is asked through ``protocol_of(guide)``, never
+    tested for its class or probed for an attribute."""
+    found = _guide_switches(ast.parse(path.read_text()))
+    assert not found, f"{_name(path)} switches on guide families: {found}"
+
+
 @pytest.mark.parametrize("path", MODULES, ids=_name)
 def test_text_speaks_of_the_method(path):
     hits = [f"{i}: {line.strip()}" for i, line in enumerate(path.read_text().splitlines(), 1)
