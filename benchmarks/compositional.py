@@ -35,8 +35,7 @@ from pyro import poutine
 from pyro_dgp import datasets, kernels
 from pyro_dgp.gp.deep_gp import DeepGP
 from pyro_dgp.gp.layer import GPLayer
-from pyro_dgp.guides import Chain, Coupled, MeanField
-from pyro_dgp.guides.base import shared_draws
+from pyro_dgp.guides import Chain, Coupled, MeanField, shared_draws
 from pyro_dgp.infer.training import fit, make_objective
 from pyro_dgp.likelihoods import Gaussian
 

@@ -17,6 +17,7 @@ __all__ = [
     "check_inputs",
     "check_targets",
     "check_positive_finite",
+    "pyro_name",
     "check_positive_int",
     "labels_like",
     "positive_tensor",
@@ -41,6 +42,14 @@ def unique_name(base: str) -> str:
     """
     n = next(_counters.setdefault(base, itertools.count()))
     return base if n == 0 else f"{base}_{n}"
+
+
+def pyro_name(module) -> str:
+    """The prefix of ``module``'s parameters in Pyro's store (a ``PyroModule``'s name, its
+    attribute path once assigned to a parent), ``""`` for any other object. Pyro keeps it in
+    the private ``_pyro_name`` and offers no public accessor: this is the one place that
+    reads it."""
+    return getattr(module, "_pyro_name", "") or ""
 
 
 def check_dtype(t: torch.Tensor, label: str) -> None:

@@ -364,7 +364,8 @@ def test_kl_of_q_u_over_paths_is_the_per_point_kl_and_nothing_is_drawn():
     S = 5
     model, guide, X, y = _perturbed_two_layer("AR2P", S, 6, seed=3)
     loc, tril = guide.encoders.layer1(X)  # (N, D, M) each, a diagonal Cholesky factor
-    q = dgp.guides.amortized.LocalGaussian(loc, torch.diag_embed(tril), torch.zeros(6, 3, 2))
+    q = dgp.guides.families.amortized.LocalGaussian(loc, torch.diag_embed(tril),
+                                                    torch.zeros(6, 3, 2))
     p_u = model.layers[0].prior()
     kl = torch.distributions.kl_divergence(q.expand((S, 6)), p_u.expand((S, 6)))
     assert kl.shape == (S, 6)
@@ -810,7 +811,8 @@ def test_a_diagonal_encoder_scale_stays_diagonal_in_q_u():
     q = trace.nodes["layer1.u"]["fn"]
     loc, scale = q.point_parameters
     assert scale.shape == loc.shape
-    full = dgp.guides.amortized.LocalGaussian(loc, torch.diag_embed(scale), q.inducing_inputs)
+    full = dgp.guides.families.amortized.LocalGaussian(loc, torch.diag_embed(scale),
+                                                       q.inducing_inputs)
     p_u = model.layers[0].prior()
     torch.testing.assert_close(kl_divergence(q, p_u), kl_divergence(full, p_u), rtol=1e-12,
                                atol=1e-12)

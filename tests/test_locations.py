@@ -146,7 +146,7 @@ def test_whitened_last_layer_is_the_non_centred_parameterisation():
         else:
             layer2 = model.layers[1]
             with torch.no_grad():
-                R = layer2._factor(layer2.kernel(m1.mT))
+                R = layer2.cholesky_of(layer2.kernel(m1.mT))
                 guide.set_q_params("layer2.u",
                                    layer2.mean_function(m1.mT).mT + (R @ m.mT).mT, R @ L)
         pyro.set_rng_seed(11)

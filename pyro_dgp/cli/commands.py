@@ -14,7 +14,7 @@ import torch
 from .. import datasets, metrics
 from ..gp.avdgp import PAPER_HIDDEN_DIMS, PAPER_NUM_INDUCING
 from ..gp.deep_gp import DeepGP
-from ..guides.blocks import GaussianBlocks
+from ..guides.protocol import protocol_of
 from ..guides.registry import has_local_inducing, make_guide
 from ..infer import distributed
 from ..infer.checkpoint import load_fit, model_from_config, read_fit, save_fit
@@ -239,12 +239,13 @@ def _check_natural_gradient(name: str, guide) -> None:
     """Refuse ``--natural-gradient`` for a guide whose ``q(u)`` is not made of Gaussian blocks
     with Cholesky factors (the natural parameters the steps update)."""
     supported = ", ".join(NATURAL_GRADIENT_GUIDES)
-    if not isinstance(guide, GaussianBlocks):
+    blocks = protocol_of(guide).natural_gradient_blocks()
+    if blocks is None:
         raise ValueError(f"--natural-gradient steps a Gaussian q(u) in its natural parameters; "
                          f"--guide {name} ({type(guide).__name__}) has none: use one of "
                          f"{supported}, or train without --natural-gradient")
     try:
-        guide.gaussian_blocks()
+        blocks.gaussian_blocks()
     except TypeError as err:  # e.g. a low-rank covariance, not a Cholesky factor
         raise ValueError(f"--natural-gradient does not apply to --guide {name}: {err}; use one "
                          f"of {supported}") from None

@@ -19,7 +19,7 @@ touching the global random state) and stores them in ArviZ groups:
     value was drawn from (the one the guide attached,
     :func:`~pyro_dgp.likelihoods.marginal.source_of`). With ``paths`` (default: on a grid)
     the values of a draw are one composition of functions, each layer's ``f`` drawn jointly
-    over the points given the draw's ``u`` (:func:`~pyro_dgp.guides.base.sample_paths`,
+    over the points given the draw's ``u`` (:func:`~pyro_dgp.guides.protocol.sample_paths`,
     ``O(G^3)`` per layer and draw for ``G`` points); otherwise each point is drawn from its own
     marginal (the guide's estimator, as for predictions). Group attribute ``sample_paths``
     (1 or 0) says which. Dims
@@ -67,6 +67,7 @@ from pyro.poutine.util import site_is_subsample
 
 from ..errors import user_errors_first
 from ..gp.sites import function_site, layer_site
+from ..guides.protocol import protocol_of
 from ..infer.draws import (
     check_guide_of,
     function_sites,
@@ -144,14 +145,7 @@ def point_hyperparameters(model, max_size: int = 64) -> dict[str, float | list]:
 
 
 def _guide_attrs(guide) -> dict:
-    attrs = {"guide": type(guide).__name__}
-    inner = getattr(guide, "inner", None)
-    if inner is not None:
-        attrs["inner_guide"] = type(inner).__name__
-        attrs["guide"] = f"{type(guide).__name__}({type(inner).__name__})"
-    if hasattr(guide, "collapsed"):
-        attrs["collapsed"] = int(bool(guide.collapsed))
-    return attrs
+    return protocol_of(guide).export_attrs()
 
 
 # ------------------------------------------------------------------------------ to_datatree

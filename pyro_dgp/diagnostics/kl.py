@@ -4,8 +4,10 @@ Monte Carlo over the guide's draws otherwise."""
 from __future__ import annotations
 
 import torch
+from pyro.distributions import Delta
 
 from ..gp.sites import function_site
+from ..guides.protocol import protocol_of
 from ..infer.draws import check_guide_of, function_sites, set_up_guide, trace_draws, unmasked
 from ..rng import seeded
 
@@ -56,7 +58,7 @@ def layer_kl(
 def _closed_form_kl(guide, lname: str, random_inducing: bool) -> float | None:
     """The guide family's closed-form ``KL(q(u^l) || p(u^l))``, or ``None`` where it has none
     (a non-Gaussian ``q``, or a guide that is not a layer guide)."""
-    if not hasattr(guide, "layer_kl"):
+    if not protocol_of(guide).is_layer_guide:
         return None
     try:
         return float(guide.layer_kl(guide.site(lname), random_inducing=random_inducing))
@@ -87,7 +89,7 @@ def monte_carlo_kl_draws(trace, lname: str, layer) -> torch.Tensor | None:
     base = unmasked(usite["fn"])
     while hasattr(base, "base_dist"):
         base = base.base_dist
-    if type(base).__name__ == "Delta":
+    if isinstance(base, Delta):
         # AutoNormal-style: an auxiliary '<name>_unconstrained' site holds the density, the
         # Delta its log-Jacobian
         aux = trace.nodes.get(f"{name}_unconstrained")

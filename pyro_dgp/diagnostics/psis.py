@@ -14,6 +14,7 @@ from pyro.distributions import Delta
 from pyro.poutine.util import site_is_subsample
 
 from ..gp.sites import function_site, inducing_site
+from ..guides.protocol import protocol_of
 from ..infer.draws import (
     check_guide_of,
     global_draws,
@@ -204,7 +205,8 @@ def guide_log_density(guide, guide_trace, S: int) -> torch.Tensor:
     :raises ValueError: when the guide has no tractable density (``tractable_log_q = False`` on
         the guide, a site whose distribution has no ``log_prob``, or a point mass).
     """
-    if getattr(guide, "tractable_log_q", True) is False:
+    capabilities = protocol_of(guide)
+    if not capabilities.tractable_log_q:
         raise ValueError(
             f"{type(guide).__name__} has no tractable log q(u) (implicit / semi-implicit "
             "guide): the variational Pareto-k diagnostic needs log q"
@@ -219,9 +221,9 @@ def guide_log_density(guide, guide_trace, S: int) -> torch.Tensor:
         and function_site(s) is None
     ]
     has_aux = any((s.get("infer") or {}).get("is_auxiliary") for _, s in sites)
-    layers_log_q = getattr(guide, "layers_log_q", None)
+    layers_log_q = capabilities.layers_log_q(guide_trace, S)
     if layers_log_q is not None:
-        terms.append(layers_log_q(guide_trace, S))
+        terms.append(layers_log_q)
         sites = [(n, s) for n, s in sites if inducing_site(s) is None]
     for name, site in sites:
         fn = unmasked(site["fn"])

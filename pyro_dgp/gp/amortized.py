@@ -157,7 +157,7 @@ class AmortizedGPLayer(GPLayer):
         Kzz, Kzx, kxx = self.kernel.conditional_parts(Z, columns)  # (n,M,M), (n,M,P), (n,P)
         if Kzx is None:  # a white-noise-only kernel
             Kzx = Z.new_zeros(n, M, columns.shape[-2])
-        A = torch.linalg.solve_triangular(self._factor(Kzz), Kzx, upper=False)  # (n, M, P)
+        A = torch.linalg.solve_triangular(self.cholesky_of(Kzz), Kzx, upper=False)  # (n, M, P)
         mean = u_loc.reshape(n, D_out, M) @ A  # (n, D_out, P)
         var = (kxx - A.square().sum(-2)).unsqueeze(-2)  # (n, 1, P)
         if u_scale is not None and u_scale.dim() == u_loc.dim():

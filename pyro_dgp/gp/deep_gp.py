@@ -74,8 +74,7 @@ class DeepGP(PyroModule):
                     f"{b.input_dim}"
                 )
         for i, layer in enumerate(layers):
-            if layer._site_prefix is None:
-                layer._site_prefix = f"layer{i + 1}"
+            layer.name_if_unnamed(f"layer{i + 1}")
         names = [layer.name for layer in layers]
         if len(set(names)) != len(names):
             raise ValueError(f"layer names must be unique, got {names}")

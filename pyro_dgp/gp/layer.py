@@ -223,6 +223,11 @@ class GPLayer(PyroModule):
             self.register_buffer("mean_weight", W.clone())
         return "linear", None
 
+    def name_if_unnamed(self, name: str) -> None:
+        """Take the site prefix ``name`` unless the layer was built with one (``name=``)."""
+        if self._site_prefix is None:
+            self._site_prefix = name
+
     @property
     def name(self) -> str:
         """Site-name prefix: ``<name>.u`` and ``<name>.f``."""
@@ -288,9 +293,10 @@ class GPLayer(PyroModule):
 
     def kzz_cholesky(self) -> torch.Tensor:
         """``(..., M, M)`` lower Cholesky factor of ``K_ZZ`` (jitter escalated on failure)."""
-        return self._factor(self.kernel(self.current_inducing_inputs()))
+        return self.cholesky_of(self.kernel(self.current_inducing_inputs()))
 
-    def _factor(self, Kzz: torch.Tensor) -> torch.Tensor:
+    def cholesky_of(self, Kzz: torch.Tensor) -> torch.Tensor:
+        """``(..., M, M)`` lower Cholesky factor of this layer's ``Kzz`` (its jitter)."""
         jitter = self.jitter if self.jitter is not None else default_jitter(Kzz.dtype)
         return cholesky(Kzz, jitter=jitter, name=f"layer '{self.name}'")
 
@@ -315,7 +321,7 @@ class GPLayer(PyroModule):
             batch = torch.broadcast_shapes(Z.shape[:-2], x.shape[:-2])
             Kzx = Z.new_zeros(batch + (Z.shape[-2], x.shape[-2]))
         if Lzz is None:
-            Lzz = self._factor(Kzz)
+            Lzz = self.cholesky_of(Kzz)
         if self.function_values:
             u_loc = u_loc - self.mean_function(Z).mT
         loc, var = conditional(Kzx, Lzz, kxx, u_loc, u_scale_tril, self.whiten)

@@ -29,6 +29,8 @@ import torch
 from pyro.poutine.replay_messenger import ReplayMessenger
 from pyro.poutine.runtime import _PYRO_STACK
 
+from ..validation import pyro_name
+
 if TYPE_CHECKING:
     from .layer import GPLayer
 
@@ -86,7 +88,7 @@ def function_site(msg: dict) -> FunctionSite | None:
 
 def drawn_site(msg: dict, guide) -> InducingSite | FunctionSite | None:
     """The record of a message (:func:`layer_site`); at a layer site, also records in it that
-    ``guide`` (a guide running its own model) draws it."""
+    ``guide`` (a guide running its own model, which it names as ``guide.model``) draws it."""
     record = layer_site(msg)
     if record is not None:
         msg["infer"][_GUIDE_KEY] = guide
@@ -125,13 +127,13 @@ def _check_trace(layer: GPLayer, name: str, nodes: dict) -> None:
         return
     # no site of this layer: a guide's model without it, or draws of global sites only
     guide = next((g for g in map(drawn_by, nodes.values()) if g is not None), None)
-    model = getattr(guide, "model", None)
+    model = None if guide is None else guide.model  # every guide of drawn_site has one
     if isinstance(model, torch.nn.Module) and not any(m is layer for m in model.modules()):
         raise _other_model(guide, layer, name)
 
 
 def _describe(module) -> str:
-    name = getattr(module, "_pyro_name", "")  # a PyroModule's parameter prefix
+    name = pyro_name(module)
     return f"{type(module).__name__} '{name}'" if name else f"a {type(module).__name__}"
 
 

@@ -1,23 +1,26 @@
 """Variational guides for models built from GP layers (the model/guide contract of
 ``docs/design.md``)."""
 
-from .amortized import Amortized
-from .base import LayerGuide, sample_paths, shared_draws
-from .chain import Chain
-from .completed import Completed, complete, inducing_only
-from .coupled import Coupled
+from .base import LayerGuide
+from .families.amortized import Amortized
+from .families.chain import Chain
+from .families.completed import Completed, complete, inducing_only
+from .families.coupled import Coupled
+from .families.meanfield import MeanField
+from .families.semi_implicit import SemiImplicit
 from .gaussian import LayerGaussian
 from .joint import JointGaussian
-from .meanfield import MeanField
 from .mixing import MixingNetwork, SemiImplicitNormal
+from .protocol import GuideProtocol, protocol_of, sample_paths, shared_draws
 from .prototype import LayerSite
-from .semi_implicit import SemiImplicit
+from .registry import register_guide
 
 __all__ = [
     "Amortized",
     "Chain",
     "Completed",
     "Coupled",
+    "GuideProtocol",
     "JointGaussian",
     "LayerGaussian",
     "LayerGuide",
@@ -28,6 +31,8 @@ __all__ = [
     "SemiImplicitNormal",
     "complete",
     "inducing_only",
+    "protocol_of",
+    "register_guide",
     "sample_paths",
     "shared_draws",
 ]

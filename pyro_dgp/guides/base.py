@@ -36,10 +36,11 @@ from ..state import swapped
 from ..validation import unique_name
 from . import estimators
 from .gaussian import LayerGaussian, check_size, gaussian_parameters
+from .protocol import GuideProtocol
 from .prototype import LayerSite, example_args, is_vectorising, prototype_sites
 from .store import check_store, stored_names
 
-__all__ = ["GuideRun", "LayerGuide", "sample_paths", "shared_draws"]
+__all__ = ["GuideRun", "LayerGuide"]
 
 
 @dataclass
@@ -120,26 +121,14 @@ class _Redirect(Messenger):
         return True
 
 
-class LayerGuide(PyroModule):
+class LayerGuide(GuideProtocol, PyroModule):
     """Base class of the layer guides; subclasses define ``u_site`` and may override
-    ``f_marginal``.
+    ``f_marginal``, and declare where they differ from the defaults of the guide protocol
+    (:class:`~pyro_dgp.guides.protocol.GuideProtocol`: ``mean_field``, ``per_draw_weights``...).
 
     :param model: the Pyro model (a :class:`~pyro_dgp.DeepGP` or any model with GP layers);
         it is referenced, not registered as a submodule, so the guide's parameters are its own.
     """
-
-    #: TraceMeanField_ELBO is valid only if q factorises over layers like the prior does.
-    mean_field = False
-    #: Whether one run's ``log p(y, u) - log q(u)`` summed over its sites is an importance
-    #: weight of that draw: every ``f`` drawn given the run's own ``u``, and every log-density
-    #: the site's own (not a closed-form KL); the observation then scores ``log p(y | draw)``
-    #: inside :func:`pyro_dgp.importance_weights` (:mod:`pyro_dgp.importance`). Objectives
-    #: that are not linear in the log-weight (``RenyiELBO``) need it; the ELBO does not, and
-    #: collapsed estimators rely on that.
-    per_draw_weights = False
-    #: Whether the family handles layers whose ``u`` is local (one per data point, inside
-    #: the data plate: ``local_inducing`` layers such as ``AmortizedGPLayer``).
-    supports_local_inducing = False
 
     def __init__(self, model, name: str | None = None):
         if not callable(model):
@@ -206,6 +195,11 @@ class LayerGuide(PyroModule):
         """Whether the guide's parameters exist (it has run, or :meth:`q` / :meth:`set_q` set
         it up), so that a run draws nothing to create them."""
         return self._set_up
+
+    @property
+    def draws_shared(self) -> bool:
+        """Whether runs now draw one ``U`` for all points (inside :meth:`shared_draws`)."""
+        return self._shared_only
 
     @property
     def layer_names(self) -> list[str]:
@@ -381,19 +375,3 @@ class LayerGuide(PyroModule):
         with self.shared_draws(), swapped(self, "_paths_only", True):
             yield self
 
-
-def shared_draws(guide) -> contextlib.AbstractContextManager:
-    """:meth:`LayerGuide.shared_draws` for a library guide; a no-op context for any other
-    callable (e.g. a plain Pyro guide)."""
-    method = getattr(guide, "shared_draws", None)
-    return method() if method is not None else contextlib.nullcontext()
-
-
-def sample_paths(guide) -> contextlib.AbstractContextManager:
-    """:meth:`LayerGuide.sample_paths` for a library guide; for any other callable a
-    ``TypeError`` (its draws of ``f`` are the model's own)."""
-    method = getattr(guide, "sample_paths", None)
-    if method is None:
-        raise TypeError(f"sample paths need a layer guide of pyro_dgp, got "
-                        f"{type(guide).__name__}")
-    return method()

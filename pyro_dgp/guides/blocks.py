@@ -33,6 +33,10 @@ class GaussianBlocks:
         parameters."""
         raise NotImplementedError
 
+    def natural_gradient_blocks(self) -> GaussianBlocks:
+        """The guide itself (the guide protocol's question, answered for these families)."""
+        return self
+
     def last_block(self) -> str:
         """The name of the block that holds the last layer's ``q(u)``."""
         raise NotImplementedError

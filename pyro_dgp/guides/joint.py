@@ -130,7 +130,7 @@ class JointGaussian(LayerGuide):
     def draws_per_point(self, num_draws: int) -> bool:
         """Whether a run with ``num_draws`` points (times particles) draws ``U`` per point
         (module docstring)."""
-        if self._shared_only:
+        if self.draws_shared:
             return False
         if self.per_point is not None:
             return self.per_point
@@ -180,7 +180,7 @@ class JointGaussian(LayerGuide):
         """Start at a (fitted) :class:`MeanField` guide's ``q`` of the same model: the same
         per-layer Gaussians and no cross-layer terms, so the ELBO starts where mean-field's
         is and training can only add dependence between layers."""
-        if not (self._set_up and meanfield._set_up):
+        if not (self.is_set_up and meanfield.is_set_up):
             raise ValueError("init_from: run both guides once (guide(X, y)) to create their "
                              "parameters first")
         if meanfield.model is not self.model:

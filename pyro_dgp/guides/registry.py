@@ -1,74 +1,107 @@
-"""Guides by name, for the command line and the benchmark harness.
+"""Guides by name, for the command line, saved fits and the benchmark harness.
 
-Most guides fit a model whose layers have global inducing outputs (``GPLayer``); the
-amortized guides (:data:`LOCAL_INDUCING_GUIDES`) fit only a model of
-``AmortizedGPLayer``\\ s, whose inducing outputs are one per data point (e.g.
-:func:`~pyro_dgp.gp.avdgp.avdgp_regression`). :func:`make_guide` refuses a pairing that
-does not fit, naming the guides that do.
+Each family registers its names itself, in its own module of ``pyro_dgp/guides/families/``,
+with :func:`register_guide`::
+
+    @register_guide("meanfield-sampled", "mean-field, sampled-u estimator", collapsed=False)
+    @register_guide("meanfield", "mean-field Gaussian per layer, collapsed estimator (DSVI)")
+    class MeanField(LayerGuide): ...
+
+(decorators apply from the bottom up, so the bottom name registers first). Most guides fit a
+model whose layers have global inducing outputs (``GPLayer``); the families that declare
+``supports_local_inducing`` (:data:`LOCAL_INDUCING_GUIDES`, the amortized guides) fit only a
+model of ``AmortizedGPLayer``\\ s, whose inducing outputs are one per data point (e.g.
+:func:`~pyro_dgp.gp.avdgp.avdgp_regression`). :func:`make_guide` refuses a pairing that does
+not fit, naming the guides that do.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Set
+from dataclasses import dataclass
+
 import torch
-from pyro.infer import autoguide
 
 from ..gp.layer import GPLayer
-from .amortized import Amortized
-from .chain import Chain
-from .completed import complete, inducing_only
-from .coupled import Coupled
-from .meanfield import MeanField
-from .semi_implicit import SemiImplicit
 
-__all__ = ["GUIDES", "LOCAL_INDUCING_GUIDES", "SEMI_IMPLICIT_GUIDES", "has_local_inducing",
-           "make_guide"]
+__all__ = ["GUIDES", "LOCAL_INDUCING_GUIDES", "SEMI_IMPLICIT_GUIDES", "GuideEntry",
+           "entries", "has_local_inducing", "make_guide", "register_guide"]
 
-_AUTO = {
-    "autonormal": autoguide.AutoNormal,
-    "automvn": autoguide.AutoMultivariateNormal,
-    "autolowrank": autoguide.AutoLowRankMultivariateNormal,
-    "autoiaf": autoguide.AutoIAFNormal,
-}
 
-#: name -> the amortization rule of :class:`~pyro_dgp.guides.Amortized`
-_AMORTIZED = {"amortized-ar1": "AR1", "amortized-ar2": "AR2", "amortized-ar2p": "AR2P",
-              "amortized-ar2pp": "AR2PP"}
+@dataclass(frozen=True)
+class GuideEntry:
+    """One registered name: its one-line ``description``, its ``family`` (the
+    :class:`~pyro_dgp.guides.LayerGuide` subclass it builds) and ``build``, ``model ->
+    guide``."""
 
-#: name -> one-line description
-GUIDES = {
-    "meanfield": "mean-field Gaussian per layer, collapsed estimator (DSVI)",
-    "meanfield-sampled": "mean-field Gaussian per layer, sampled-u estimator",
-    "coupled": "one Gaussian over all layers' inducing outputs (full covariance), last layer "
-               "collapsed; per-point draws while N T^2 <= 1e9",
-    "coupled-per-point": "coupled, always drawing the inducing outputs per data point",
-    "coupled-lowrank": "one Gaussian over all layers, low-rank-plus-diagonal covariance",
-    "chain": "chain-structured Gaussian q(u1) prod q(ul | ul-1), last layer collapsed; "
-             "per-point draws while N T^2 <= 1e9",
-    "chain-per-point": "chain, always drawing the inducing outputs per data point",
-    "autonormal": "Pyro AutoNormal over the inducing outputs, completed",
-    "automvn": "Pyro AutoMultivariateNormal over all inducing outputs, completed",
-    "autolowrank": "Pyro AutoLowRankMultivariateNormal, completed",
-    "autoiaf": "Pyro AutoIAFNormal (normalising flow), completed",
-    "ssivi": "structured semi-implicit: neural mixing per layer, conditioned on the layer "
-             "below (SSIVI)",
-    "sivi": "semi-implicit over the same family with the looser SIVI bound",
-    "ssivi-tril": "SSIVI whose components carry correlations: covariance T diag(sigma^2) T^T, "
-                  "T learned per layer",
-    "amortized-ar1": "amortized encoder per layer, per-point inducing points, own U per path "
-                     "(AVDGP AR1; needs an AmortizedGPLayer model)",
-    "amortized-ar2": "amortized, U shared by the paths at their mean input (AVDGP AR2; needs "
-                     "an AmortizedGPLayer model)",
-    "amortized-ar2p": "amortized, learned quadrature nodes and weights (AVDGP AR2P; needs an "
-                      "AmortizedGPLayer model)",
-    "amortized-ar2pp": "AR2P trained with the predictive objective (AVDGP AR2PP; needs an "
-                       "AmortizedGPLayer model)",
-}
+    name: str
+    description: str
+    family: type
+    build: Callable
 
-#: the semi-implicit guides (no Gaussian ``q(u)``, no tractable ``log q``)
-SEMI_IMPLICIT_GUIDES = frozenset({"ssivi", "sivi", "ssivi-tril"})
 
-#: the guides that need a model of ``AmortizedGPLayer``\ s (and refuse any other)
-LOCAL_INDUCING_GUIDES = frozenset(_AMORTIZED)
+_ENTRIES: dict[str, GuideEntry] = {}
+
+#: name -> one-line description, in the order the families registered them
+GUIDES: dict[str, str] = {}
+
+
+def register_guide(name: str, description: str, *, build: Callable | None = None, **options):
+    """A class decorator that registers the family it decorates under ``name``:
+    :func:`make_guide` then builds ``family(model, **options)``, or ``build(model)`` where
+    given (e.g. a completed autoguide). Stack it for several names of one family.
+
+    :raises ValueError: for a name registered already."""
+    def register(family: type) -> type:
+        if name in _ENTRIES:
+            raise ValueError(f"register_guide: the name {name!r} is registered already "
+                             f"(to {_ENTRIES[name].family.__name__})")
+        maker = build if build is not None else (lambda model: family(model, **options))
+        _ENTRIES[name] = GuideEntry(name, description, family, maker)
+        GUIDES[name] = description
+        return family
+    return register
+
+
+def entries() -> list[GuideEntry]:
+    """Every registered name's :class:`GuideEntry`, in the order of registration."""
+    return list(_ENTRIES.values())
+
+
+class _Names(Set):
+    """The registered names whose family declares a capability, read at each use (so the
+    families registered after this module was imported are in it)."""
+
+    def __init__(self, declares: Callable[[type], bool]):
+        self.declares = declares
+
+    def _names(self) -> list[str]:
+        return [e.name for e in _ENTRIES.values() if self.declares(e.family)]
+
+    def __contains__(self, name) -> bool:
+        return name in self._names()
+
+    def __iter__(self):
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __repr__(self) -> str:
+        return f"frozenset({sorted(self._names())})"
+
+    @classmethod
+    def _from_iterable(cls, names) -> frozenset[str]:
+        return frozenset(names)
+
+
+#: the guides that need a model of ``AmortizedGPLayer``\ s (and refuse any other): the
+#: families that declare ``supports_local_inducing``
+LOCAL_INDUCING_GUIDES: Set[str] = _Names(lambda family: family.supports_local_inducing)
+
+#: the semi-implicit guides (no Gaussian ``q(u)``, no tractable ``log q``): the families
+#: that declare ``tractable_log_q = False``
+SEMI_IMPLICIT_GUIDES: Set[str] = _Names(lambda family: not family.tractable_log_q)
 
 
 def has_local_inducing(model) -> bool | None:
@@ -84,15 +117,16 @@ def has_local_inducing(model) -> bool | None:
     return any(flags)
 
 
-def _check_fits(name: str, model) -> None:
+def _check_fits(entry: GuideEntry, model) -> None:
     local = has_local_inducing(model)
-    if local is None or local == (name in LOCAL_INDUCING_GUIDES):
+    if local is None or local == entry.family.supports_local_inducing:
         return
+    name = entry.name
     if local:
+        fitting = sorted(LOCAL_INDUCING_GUIDES)
         raise ValueError(
             f"make_guide: the model's layers are AmortizedGPLayers (one u per data point), "
-            f"which guide {name!r} does not support; choose one of "
-            f"{sorted(LOCAL_INDUCING_GUIDES)}")
+            f"which guide {name!r} does not support; choose one of {fitting}")
     raise ValueError(
         f"make_guide: guide {name!r} needs a model of AmortizedGPLayers (per-point inducing "
         "points), e.g. pyro_dgp.gp.avdgp_regression(X, y) or 'pyro-dgp fit --model avdgp'; "
@@ -107,22 +141,8 @@ def make_guide(name: str, model):
     if not isinstance(name, str):
         raise TypeError(f"make_guide: name must be a str (one of {sorted(GUIDES)}), got "
                         f"{type(name).__name__}; the call is make_guide(name, model)")
-    if name not in GUIDES:
+    if name not in _ENTRIES:
         raise ValueError(f"unknown guide {name!r}; choose from {sorted(GUIDES)}")
-    _check_fits(name, model)
-    if name in _AMORTIZED:
-        return Amortized(model, rule=_AMORTIZED[name])
-    if name in SEMI_IMPLICIT_GUIDES:
-        return SemiImplicit(model, structured=name != "sivi",
-                            component_scale="tril" if name == "ssivi-tril" else "diagonal")
-    if name in _AUTO:
-        return complete(_AUTO[name](inducing_only(model)), model)
-    return {
-        "meanfield": lambda: MeanField(model),
-        "meanfield-sampled": lambda: MeanField(model, collapsed=False),
-        "coupled": lambda: Coupled(model),
-        "coupled-per-point": lambda: Coupled(model, per_point=True),
-        "coupled-lowrank": lambda: Coupled(model, rank=10),
-        "chain": lambda: Chain(model),
-        "chain-per-point": lambda: Chain(model, per_point=True),
-    }[name]()
+    entry = _ENTRIES[name]
+    _check_fits(entry, model)
+    return entry.build(model)

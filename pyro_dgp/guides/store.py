@@ -27,6 +27,8 @@ import pyro
 import torch
 from pyro.nn import PyroModule
 
+from ..validation import pyro_name
+
 __all__ = ["check_store", "stored_names", "unread_copies"]
 
 #: ``id`` of every parameter tensor a guide or its model reads, with a weak reference to it
@@ -75,7 +77,7 @@ def unread_copies(module, stored: set[str]) -> list[str]:
     those), or for a module that is not a ``PyroModule``."""
     if not isinstance(module, PyroModule):
         return []
-    root, layout = module._pyro_name, _layout(module)  # _pyro_name: its parameters' prefix
+    root, layout = pyro_name(module), _layout(module)
     if not layout or any(_full_name(root, rel) in stored for rel in layout):
         return []
     params = dict(pyro.get_param_store().named_parameters())
@@ -90,7 +92,7 @@ def unread_copies(module, stored: set[str]) -> list[str]:
 
 
 def _name_of(module) -> str:
-    return module._pyro_name if isinstance(module, PyroModule) else ""
+    return pyro_name(module) if isinstance(module, PyroModule) else ""
 
 
 def check_store(guide, stored: set[str] | None) -> None:
@@ -106,7 +108,7 @@ def check_store(guide, stored: set[str] | None) -> None:
     for module in (guide, guide.model):
         if isinstance(module, PyroModule):
             for name, p in module.named_parameters():
-                full = _full_name(module._pyro_name, name.removesuffix("_unconstrained"))
+                full = _full_name(pyro_name(module), name.removesuffix("_unconstrained"))
                 _remember_read(params.get(full, p))
 
 

@@ -29,6 +29,7 @@ import torch
 from pyro.distributions.util import scale_and_mask
 from pyro.infer.util import is_validation_enabled
 
+from ..guides.protocol import protocol_of
 from ..likelihoods import AnalyticObservation
 from ..validation import check_positive_int
 from .draws import unmasked
@@ -80,7 +81,7 @@ class LocalAlpha(LossFromDifferentiable, AnalyticKL_ELBO):
     def _latent_part(self, model_trace, guide_trace, guide) -> torch.Tensor:
         """``-KL`` summed over the ``S`` draws: closed form for mean-field guides, else
         ``log p - log q`` at the draws (as ``Trace_ELBO``)."""
-        if getattr(guide, "mean_field", False):
+        if protocol_of(guide).mean_field:
             if is_validation_enabled():  # its check that every draw is reparameterised
                 guide_trace.compute_score_parts()
             return self._elbo_particle(model_trace, guide_trace)

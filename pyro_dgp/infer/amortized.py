@@ -12,9 +12,10 @@ over ``n`` scaled ``N/|B|`` on a minibatch by Pyro's data plate. Where ``u`` is 
 paths (AR2) every path carries the same KL, so its weighted sum is that KL once. The
 predictive term is the local alpha objective's at ``alpha = 1``
 (:meth:`~pyro_dgp.likelihoods.AnalyticObservation.alpha_log_prob`), with weights ``w``.
-The paths are a plate at dim -2 of size ``S`` (:data:`~pyro_dgp.guides.amortized.PATH_PLATE`)
-around one run of the guide and the model. ``AR2P`` and ``AR2PP`` are deterministic given the
-parameters: the run has no random draw.
+The paths are a plate at dim -2 of size ``S``
+(:data:`~pyro_dgp.guides.families.amortized.PATH_PLATE`) around one run of the guide and the
+model. ``AR2P`` and ``AR2PP`` are deterministic given the parameters: the run has no random
+draw.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from pyro.poutine.messenger import Messenger
 from torch.distributions import kl_divergence
 
 from ..gp.sites import function_site, inducing_site
-from ..guides.amortized import PATH_PLATE, Amortized
+from ..guides.families.amortized import PATH_PLATE
+from ..guides.protocol import protocol_of
 from ..likelihoods import AnalyticObservation
 from ..validation import check_positive_finite, check_positive_int
 from .draws import unmasked
@@ -77,7 +79,7 @@ class AmortizedELBO(LossFromDifferentiable, AnalyticKL_ELBO):
 
     def objective(self, model, guide, *args, **kwargs) -> torch.Tensor:
         """The objective (a tensor to differentiate) at one run of the ``S`` paths."""
-        if not isinstance(guide, Amortized):
+        if protocol_of(guide).default_objective != "amortized":
             raise TypeError(f"AmortizedELBO needs a pyro_dgp.guides.Amortized guide, got "
                             f"{type(guide).__name__}")
         if not guide.is_set_up:

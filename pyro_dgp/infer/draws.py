@@ -2,9 +2,9 @@
 
 ``S`` draws of a guide are taken in one vectorised run under
 ``pyro.plate(SAMPLE_PLATE, S, dim=-2)``, with one ``U`` per draw for all points
-(:func:`~pyro_dgp.guides.base.shared_draws`). The ``<layer>.f`` values are drawn by the guide's
+(:func:`~pyro_dgp.guides.protocol.shared_draws`). The ``<layer>.f`` values are drawn by the guide's
 estimator, per point from their marginals given the draw (unbiased for predictions), or with
-``paths=True`` jointly over the points (:func:`~pyro_dgp.guides.base.sample_paths`), so that
+``paths=True`` jointly over the points (:func:`~pyro_dgp.guides.protocol.sample_paths`), so that
 they are one composition of functions per draw (sample paths). The model replayed on a guide trace
 (:func:`trace_model`) gives the model's view of the same draws: its observation sites, its
 likelihood's hyperparameters.
@@ -23,9 +23,10 @@ from pyro.poutine.trace_struct import Trace
 from pyro.poutine.util import site_is_subsample
 
 from ..gp.sites import function_site, layer_site
-from ..guides.base import sample_paths, shared_draws
+from ..guides.protocol import protocol_of, sample_paths, shared_draws
 from ..likelihoods import AnalyticObservation
 from ..rng import seeded
+from ..validation import pyro_name
 
 __all__ = [
     "check_guide_of",
@@ -70,7 +71,7 @@ def check_guide_of(model, guide, where: str) -> None:
     :raises ValueError: where ``guide.model`` is not ``model``."""
     if is_layer_guide(guide) and guide.model is not model:
         def name(m):
-            return f"{type(m).__name__} '{getattr(m, '_pyro_name', '') or id(m)}'"
+            return f"{type(m).__name__} '{pyro_name(m) or id(m)}'"
 
         copy = (" (another object of the same name: a copy? copy a model and its guide "
                 "together, copy.deepcopy((model, guide)))" if name(guide.model) == name(model)
@@ -83,19 +84,15 @@ def check_guide_of(model, guide, where: str) -> None:
 
 
 def is_layer_guide(guide) -> bool:
-    """Whether ``guide`` follows the layer-guide protocol of
-    :class:`~pyro_dgp.guides.base.LayerGuide` (``layer_sites``, ``site``, ``traces``...)."""
-    return hasattr(guide, "layer_sites") and hasattr(guide, "traces")
+    """Whether ``guide`` is a layer guide (``layer_sites``, ``site``, ``traces``...; the
+    guide protocol, :class:`~pyro_dgp.guides.protocol.GuideProtocol`)."""
+    return protocol_of(guide).is_layer_guide
 
 
 def _is_set_up(guide) -> bool:
     """Whether ``guide`` needs no set-up run: a layer guide (completed: its inner guide too)
     or a Pyro autoguide that has run, or any other callable."""
-    if is_layer_guide(guide):
-        return guide.is_set_up
-    if hasattr(guide, "prototype_trace"):  # a Pyro autoguide
-        return guide.prototype_trace is not None
-    return True
+    return protocol_of(guide).is_set_up
 
 
 def trace_draws(guide, args: tuple, num_samples: int, replay: Trace | None = None,
@@ -105,7 +102,7 @@ def trace_draws(guide, args: tuple, num_samples: int, replay: Trace | None = Non
     :param replay: a trace whose values to replay, e.g. :func:`global_draws` of an earlier
         trace, to evaluate the same draws of the global latents at other inputs.
     :param paths: draw each layer's ``f`` jointly over the points given the draw's ``U``
-        (:func:`~pyro_dgp.guides.base.sample_paths`), rather than from the guide's
+        (:func:`~pyro_dgp.guides.protocol.sample_paths`), rather than from the guide's
         per-point estimator.
     """
     fn = guide if replay is None else poutine.replay(guide, trace=replay)

@@ -40,7 +40,7 @@ from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.trace_messenger import TraceMessenger
 from pyro.poutine.util import prune_subsample_sites
 
-from ..guides.base import LayerGuide
+from ..guides.protocol import protocol_of
 from ..guides.prototype import is_vectorising
 
 __all__ = ["AnalyticKL_ELBO", "LossFromDifferentiable", "ReparamTrace_ELBO", "log_prob_sum",
@@ -82,7 +82,7 @@ def single_pass(model, guide) -> bool:
     (:meth:`LayerGuide.traces <pyro_dgp.guides.base.LayerGuide.traces>`): a layer guide of this
     very model, and no handler around the loss that would act on the model's sites (only
     ``SVI.step``'s capture of parameters)."""
-    if not (isinstance(guide, LayerGuide) and model is guide.model):
+    if not (protocol_of(guide).is_layer_guide and model is guide.model):
         return False
     return all(isinstance(m, TraceMessenger) and m.param_only for m in _PYRO_STACK)
 

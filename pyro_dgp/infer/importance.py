@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import pyro.infer
 
+from ..guides.protocol import protocol_of
 from ..likelihoods.marginal import importance_weighting, importance_weights
 
 __all__ = ["RenyiELBO", "check_importance_weights", "importance_weights", "importance_weighting"]
@@ -32,12 +33,12 @@ def check_importance_weights(guide) -> None:
     collapsed ``f``, or ``u`` scored by a closed-form KL): a Renyi or importance-weighted
     bound computed from its runs would not bound ``log p(y)``. Every objective of the package
     that needs per-draw weights calls this; a guide without the attribute (any other Pyro
-    guide) is taken as it is. A guide's ``no_weights_reason``, if it has one, says why.
+    guide) is taken as it is. The guide's ``no_weights_reason`` says why (the guide protocol).
 
     :raises ValueError: naming the guide and the guides to use instead."""
-    if not getattr(guide, "per_draw_weights", True):
-        why = getattr(guide, "no_weights_reason", "it draws f from a collapsed marginal, not "
-                      "given the sampled u, or scores u by a closed-form KL")
+    capabilities = protocol_of(guide)
+    if not capabilities.per_draw_weights:
+        why = capabilities.no_weights_reason
         raise ValueError(
             f"RenyiELBO needs each draw's importance weight, which {type(guide).__name__} does "
             f"not give ({why}): the result would not be a bound on log p(y). Use "

@@ -54,7 +54,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..guides.blocks import GaussianBlocks
+from ..guides.protocol import protocol_of
 
 __all__ = ["NaturalGradient", "NaturalStepError", "covariance_tril", "expectation_parameters",
            "moment_parameters", "natural_step", "warmup_gamma"]
@@ -181,7 +181,8 @@ class NaturalGradient:
     def __init__(self, guide, gamma: float | Callable[[int], float] = 0.1,
                  blocks: str | list[str] = "last", max_backtracks: int = 10,
                  regrowth: float = 1.1, keep: float = 0.5):
-        if not isinstance(guide, GaussianBlocks):
+        q_blocks = protocol_of(guide).natural_gradient_blocks()
+        if q_blocks is None:
             raise TypeError(f"natural gradients need a guide whose q(u) is made of Gaussian "
                             f"blocks (MeanField, Coupled with rank=None), got "
                             f"{type(guide).__name__}")
@@ -196,7 +197,7 @@ class NaturalGradient:
                              f"{regrowth}")
         if not 0 <= float(keep) < 1:
             raise ValueError(f"natural gradient: keep must lie in [0, 1), got {keep}")
-        self.guide, self.gamma, self.num_steps = guide, gamma, 0
+        self.guide, self.gamma, self.num_steps = q_blocks, gamma, 0
         self.blocks = blocks
         self.max_backtracks, self.regrowth, self.keep = max_backtracks, float(regrowth), keep
         self.gamma_scale: dict[str, float] = {}

@@ -10,7 +10,7 @@ import torch
 from pyro.infer import ELBO, RenyiELBO, TraceMeanField_ELBO
 
 from ..errors import user_errors_first
-from ..guides.amortized import Amortized
+from ..guides.protocol import protocol_of
 from ..rng import seeded
 from ..validation import check_inputs, check_positive_int, check_targets
 from .alpha import LocalAlpha
@@ -41,10 +41,11 @@ def make_objective(objective, guide, num_particles: int = 1, alpha: float = 0.5,
     draws per point, not an ELBO) or
     an instance (returned as is, except that Pyro's ``RenyiELBO`` becomes
     :class:`~pyro_dgp.infer.importance.RenyiELBO` with the same settings: exact per-draw weights).
-    ``"auto"`` is :class:`~pyro_dgp.infer.amortized.AmortizedELBO` for an
-    :class:`~pyro_dgp.guides.Amortized` guide (its rule's objective, with the paths' weights),
-    ``"meanfield"`` for other guides that factorise like the prior, else ``"elbo"``
-    (Trace_ELBO). ``"meanfield"`` is :class:`~pyro_dgp.infer.elbo.AnalyticKL_ELBO`:
+    ``"auto"`` is the guide's ``default_objective`` (the guide protocol):
+    :class:`~pyro_dgp.infer.amortized.AmortizedELBO` for an :class:`~pyro_dgp.guides.Amortized`
+    guide (its rule's objective, with the paths' weights), ``"meanfield"`` for other guides
+    that factorise like the prior, else ``"elbo"`` (Trace_ELBO). ``"meanfield"`` is
+    :class:`~pyro_dgp.infer.elbo.AnalyticKL_ELBO`:
     TraceMeanField_ELBO's estimator (analytic KL), without the log-densities it discards.
     ``"renyi"`` is :class:`~pyro_dgp.infer.importance.RenyiELBO` (alpha 0.5)."""
     if isinstance(objective, ELBO):
@@ -63,9 +64,9 @@ def make_objective(objective, guide, num_particles: int = 1, alpha: float = 0.5,
     if objective == "alpha":
         return LocalAlpha(alpha, num_samples)
     if objective == "auto":
-        if isinstance(guide, Amortized):
+        objective = protocol_of(guide).default_objective
+        if objective == "amortized":
             return AmortizedELBO()
-        objective = "meanfield" if getattr(guide, "mean_field", False) else "elbo"
     if objective not in _OBJECTIVES:
         raise ValueError(
             f"objective must be a pyro ELBO or one of {['auto', 'alpha', *_OBJECTIVES]}, got "
@@ -79,7 +80,7 @@ def make_objective(objective, guide, num_particles: int = 1, alpha: float = 0.5,
 
 
 def _warn_mean_field(guide) -> None:
-    if not getattr(guide, "mean_field", False):
+    if not protocol_of(guide).mean_field:
         warnings.warn(
             f"TraceMeanField_ELBO assumes a guide that factorises like the model; "
             f"{type(guide).__name__} does not declare that (its analytic KL terms may be "

@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import user_errors_first
-from ..guides.amortized import weighted_paths
-from ..guides.base import shared_draws
+from ..guides.protocol import protocol_of, shared_draws
 from ..infer.draws import (
     check_guide_of,
     function_sites,
@@ -85,7 +84,7 @@ def predict(
     # one U per draw for all points: per-point draws (a training estimator) would give the
     # same per-point mixtures at O(N) times the sampling cost
     with torch.no_grad(), seeded(seed, X.device), shared_draws(guide), \
-            weighted_paths(guide) as weights:
+            protocol_of(guide).weighted_paths() as weights:
         S = S if weights is None else weights.shape[0]
         chunks = [draw_chunk(model, guide, chunk, S, site)
                   for chunk in X.split(batch_size, dim=-2)]

@@ -49,18 +49,18 @@ from pyro.poutine.plate_messenger import PlateMessenger
 from pyro.poutine.runtime import _PYRO_STACK
 from torch.distributions import register_kl
 
-from ..gp.distributions import FunctionMarginal, WhitenedPrior
-from ..gp.kl import standard_normal_kl
-from ..likelihoods.marginal import SourceGaussian, record_source, source_of
-from ..state import swapped
-from ..validation import check_positive_finite, check_positive_int
-from .base import GuideRun, LayerGuide
-from .encoders import MLPEncoder, as_pyro_module, check_encoded
-from .params import copy_into, deep_getattr
-from .prototype import LayerSite
+from ...gp.distributions import FunctionMarginal, WhitenedPrior
+from ...gp.kl import standard_normal_kl
+from ...likelihoods.marginal import SourceGaussian, record_source, source_of
+from ...state import swapped
+from ...validation import check_positive_finite, check_positive_int
+from ..base import GuideRun, LayerGuide
+from ..encoders import MLPEncoder, as_pyro_module, check_encoded
+from ..params import copy_into, deep_getattr
+from ..prototype import LayerSite
+from ..registry import register_guide
 
-__all__ = ["PATH_PLATE", "RULES", "Amortized", "LocalGaussian", "QuadratureMarginal",
-           "weighted_paths"]
+__all__ = ["PATH_PLATE", "RULES", "Amortized", "LocalGaussian", "QuadratureMarginal"]
 
 #: the plate over the ``S`` paths that ``AmortizedELBO`` opens (dim -2)
 PATH_PLATE = "_amortized_paths"
@@ -182,6 +182,14 @@ def _initial_nodes(S: int, D: int, dtype, device) -> torch.Tensor:
     return nodes.to(dtype=dtype, device=device)
 
 
+@register_guide("amortized-ar2pp", "AR2P trained with the predictive objective (AVDGP AR2PP; "
+                "needs an AmortizedGPLayer model)", rule="AR2PP")
+@register_guide("amortized-ar2p", "amortized, learned quadrature nodes and weights (AVDGP "
+                "AR2P; needs an AmortizedGPLayer model)", rule="AR2P")
+@register_guide("amortized-ar2", "amortized, U shared by the paths at their mean input (AVDGP "
+                "AR2; needs an AmortizedGPLayer model)", rule="AR2")
+@register_guide("amortized-ar1", "amortized encoder per layer, per-point inducing points, own "
+                "U per path (AVDGP AR1; needs an AmortizedGPLayer model)", rule="AR1")
 class Amortized(LayerGuide):
     """The amortized guide (module docstring) of a model of ``AmortizedGPLayer``\\ s.
 
@@ -198,6 +206,8 @@ class Amortized(LayerGuide):
 
     mean_field = True
     supports_local_inducing = True
+    #: trained by ``AmortizedELBO`` (its rule's objective over the weighted paths)
+    default_objective = "amortized"
 
     def __init__(self, model, encoder=None, rule: str = "AR2P", num_paths: int = 32,
                  beta: float = 1.0, inner_scale: float = math.sqrt(1e-5), name=None):
@@ -382,9 +392,3 @@ class Amortized(LayerGuide):
         raise NotImplementedError("Amortized: each point has its own inducing outputs, so the "
                                   "f values of a run are not one function's sample path")
 
-
-def weighted_paths(guide) -> contextlib.AbstractContextManager:
-    """:meth:`Amortized.weighted_paths` for a guide that has it; for any other a context
-    that yields ``None`` (i.i.d. draws, uniform weights)."""
-    method = getattr(guide, "weighted_paths", None)
-    return method() if method is not None else contextlib.nullcontext(None)

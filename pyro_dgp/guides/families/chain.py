@@ -11,14 +11,19 @@ from pyro.distributions import constraints
 from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
 
-from ..gp.conditional import solve_triangular
-from .joint import JointGaussian
-from .params import copy_into, deep_getattr, preconditioned_tril, raw_tril
-from .prototype import LayerSite
+from ...gp.conditional import solve_triangular
+from ..joint import JointGaussian
+from ..params import copy_into, deep_getattr, preconditioned_tril, raw_tril
+from ..prototype import LayerSite
+from ..registry import register_guide
 
 __all__ = ["Chain"]
 
 
+@register_guide("chain-per-point", "chain, always drawing the inducing outputs per data point",
+                per_point=True)
+@register_guide("chain", "chain-structured Gaussian q(u1) prod q(ul | ul-1), last layer "
+                "collapsed; per-point draws while N T^2 <= 1e9")
 class Chain(JointGaussian):
     """``q(u^1) prod_{l>1} q(u^l | u^{l-1})`` with Gaussian conditionals (Ustyuzhaninov et al.
     2020, eq. 14-17):

@@ -9,14 +9,21 @@ import torch
 from pyro.distributions import constraints
 from pyro.nn import PyroParam
 
-from ..validation import check_positive_int
-from .blocks import GaussianBlocks
-from .joint import JointGaussian
-from .params import copy_into, preconditioned_tril, raw_tril
+from ...validation import check_positive_int
+from ..blocks import GaussianBlocks
+from ..joint import JointGaussian
+from ..params import copy_into, preconditioned_tril, raw_tril
+from ..registry import register_guide
 
 __all__ = ["Coupled"]
 
 
+@register_guide("coupled-lowrank", "one Gaussian over all layers, low-rank-plus-diagonal "
+                "covariance", rank=10)
+@register_guide("coupled-per-point", "coupled, always drawing the inducing outputs per data "
+                "point", per_point=True)
+@register_guide("coupled", "one Gaussian over all layers' inducing outputs (full covariance), "
+                "last layer collapsed; per-point draws while N T^2 <= 1e9")
 class Coupled(GaussianBlocks, JointGaussian):
     """One Gaussian over the inducing outputs of all layers (Ustyuzhaninov et al. 2020, §4.1).
 

@@ -10,13 +10,14 @@ from pyro.distributions import constraints
 from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
 
-from ..validation import check_positive_finite
-from . import estimators
-from .base import GuideRun, LayerGuide
-from .blocks import GaussianBlocks
-from .gaussian import LayerGaussian, initial_scale_tril, mvn_site
-from .params import copy_into, deep_getattr
-from .prototype import LayerSite
+from ...validation import check_positive_finite
+from .. import estimators
+from ..base import GuideRun, LayerGuide
+from ..blocks import GaussianBlocks
+from ..gaussian import LayerGaussian, initial_scale_tril, mvn_site
+from ..params import copy_into, deep_getattr
+from ..prototype import LayerSite
+from ..registry import register_guide
 
 __all__ = ["MeanField"]
 
@@ -31,6 +32,9 @@ class MeanFieldRun(GuideRun):
     point_u: dict = field(default_factory=dict)
 
 
+@register_guide("meanfield-sampled", "mean-field Gaussian per layer, sampled-u estimator",
+                collapsed=False)
+@register_guide("meanfield", "mean-field Gaussian per layer, collapsed estimator (DSVI)")
 class MeanField(GaussianBlocks, LayerGuide):
     """``q(U) = prod_l prod_d N(u^l_d; m^l_d, S^l_d)``, a full ``M x M`` covariance per output.
 
@@ -113,6 +117,9 @@ class MeanField(GaussianBlocks, LayerGuide):
             getattr(layer, "feeds_inducing_inputs", False) for layer in layers)
         return not self.collapsed and not per_point_u
 
+    def export_attrs(self) -> dict[str, str | int]:
+        return {**super().export_attrs(), "collapsed": int(self.collapsed)}
+
     def _reparameterised(self, site: LayerSite) -> bool:
         """Whether ``q(u)`` at ``site`` is stored relative to ``K(Z_ref)`` (see the class)."""
         return self.whiten_function_values and site.layer.function_values
@@ -128,7 +135,7 @@ class MeanField(GaussianBlocks, LayerGuide):
             Z_ref = (q if q is not None else self.q_params(below))[0].mT
         else:
             Z_ref = layer.inducing_points
-        L_ref = layer._factor(layer.kernel(Z_ref))
+        L_ref = layer.cholesky_of(layer.kernel(Z_ref))
         return layer.mean_function(Z_ref).mT, L_ref
 
     def _setup_sites(self, sites: list[LayerSite]) -> None:
@@ -233,7 +240,7 @@ class MeanField(GaussianBlocks, LayerGuide):
         return estimators.sampled(site, x, u)
 
     def f_given_u(self, site, x, u, run):
-        if not self.per_point or self._shared_only:
+        if not self.per_point or self.draws_shared:
             return estimators.sampled(site, x, u)
         loc, scale_tril = self._q_for_run(site, run)
         eps = torch.randn(u.shape[:-2] + x.shape[-2:-1] + loc.shape, dtype=loc.dtype,

@@ -41,15 +41,16 @@ from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule
 from pyro.poutine.messenger import Messenger
 
-from ..gp.distributions import drop_data_dim
-from ..gp.sites import InducingSite, layer_site
-from ..validation import check_positive_finite, check_positive_int
-from . import estimators
-from .base import GuideRun, LayerGuide
-from .gaussian import initial_scale_tril
-from .mixing import MixingNetwork, SemiImplicitNormal, surrogate_log_prob
-from .params import deep_getattr
-from .prototype import LayerSite
+from ...gp.distributions import drop_data_dim
+from ...gp.sites import InducingSite, layer_site
+from ...validation import check_positive_finite, check_positive_int
+from .. import estimators
+from ..base import GuideRun, LayerGuide
+from ..gaussian import initial_scale_tril
+from ..mixing import MixingNetwork, SemiImplicitNormal, surrogate_log_prob
+from ..params import deep_getattr
+from ..prototype import LayerSite
+from ..registry import register_guide
 
 __all__ = ["SemiImplicit"]
 
@@ -88,6 +89,12 @@ class _RecordInducing(Messenger):
         run.draws.setdefault(site.index, LayerDraw()).value = msg["value"]
 
 
+@register_guide("ssivi-tril", "SSIVI whose components carry correlations: covariance "
+                "T diag(sigma^2) T^T, T learned per layer", component_scale="tril")
+@register_guide("sivi", "semi-implicit over the same family with the looser SIVI bound",
+                structured=False)
+@register_guide("ssivi", "structured semi-implicit: neural mixing per layer, conditioned on "
+                "the layer below (SSIVI)")
 class SemiImplicit(LayerGuide):
     """The semi-implicit guide of the module docstring.
 

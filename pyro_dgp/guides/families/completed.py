@@ -4,23 +4,25 @@ from __future__ import annotations
 
 import torch
 from pyro import poutine
+from pyro.infer import autoguide
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
 
-from ..gp.architectures import default_dtype
-from ..gp.sites import function_site, inducing_site
-from .autoguide_gaussian import (
+from ...gp.architectures import default_dtype
+from ...gp.sites import function_site, inducing_site
+from ..autoguide_gaussian import (
     autoguide_joint_gaussian,
     autoguide_layer_gaussians,
     set_autoguide_gaussian,
     set_autoguide_joint,
     set_autoguide_low_rank,
 )
-from .base import GuideRun, LayerGuide
-from .gaussian import LayerGaussian
-from .prototype import LayerSite, example_args
+from ..base import GuideRun, LayerGuide
+from ..gaussian import LayerGaussian
+from ..prototype import LayerSite, example_args
+from ..registry import register_guide
 
-__all__ = ["Completed", "complete", "inducing_only"]
+__all__ = ["AUTOGUIDES", "Completed", "complete", "inducing_only"]
 
 
 class _Placeholder(Messenger):
@@ -91,6 +93,10 @@ class Completed(LayerGuide):
         super().__init__(model, name=name)
         self.inner = inner
         self._inner_ready = False
+
+    def export_attrs(self) -> dict[str, str | int]:
+        inner = type(self.inner).__name__
+        return {"guide": f"{type(self).__name__}({inner})", "inner_guide": inner}
 
     def _check_others(self, others):
         pass  # the inner guide covers them; checked on every call in new_run
@@ -173,3 +179,22 @@ def complete(guide, model, name=None) -> Completed:
         guide = complete(AutoMultivariateNormal(inducing_only(model)), model)
     """
     return Completed(guide, model, name=name)
+
+
+#: name -> (the Pyro autoguide over the inducing outputs, its one-line description)
+AUTOGUIDES = {
+    "autonormal": (autoguide.AutoNormal, "Pyro AutoNormal over the inducing outputs, completed"),
+    "automvn": (autoguide.AutoMultivariateNormal,
+                "Pyro AutoMultivariateNormal over all inducing outputs, completed"),
+    "autolowrank": (autoguide.AutoLowRankMultivariateNormal,
+                    "Pyro AutoLowRankMultivariateNormal, completed"),
+    "autoiaf": (autoguide.AutoIAFNormal, "Pyro AutoIAFNormal (normalising flow), completed"),
+}
+
+
+def _completed_autoguide(autoguide_class):
+    return lambda model: complete(autoguide_class(inducing_only(model)), model)
+
+
+for _name, (_autoguide, _description) in AUTOGUIDES.items():
+    register_guide(_name, _description, build=_completed_autoguide(_autoguide))(Completed)
