@@ -42,7 +42,6 @@ Run ``python benchmarks/peers.py --help``.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 
