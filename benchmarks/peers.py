@@ -175,12 +175,13 @@ class TutorialDSPP(DSPP):
 
 
 # --------------------------------------------------------------------------------- training
-def minibatches(N: int, B: int, steps: int, generator: torch.Generator):
-    """``steps`` index tensors of a reshuffled pass over ``range(N)`` in batches of ``B``, the
-    last of each pass shorter (a ``DataLoader(shuffle=True)``'s order)."""
+def minibatches(N: int, B: int, steps: int, generator: torch.Generator,
+                device: torch.device | None = None):
+    """``steps`` index tensors on ``device`` of a reshuffled pass over ``range(N)`` in batches
+    of ``B``, the last of each pass shorter (a ``DataLoader(shuffle=True)``'s order)."""
     done = 0
     while done < steps:
-        for idx in torch.randperm(N, generator=generator).split(B):
+        for idx in torch.randperm(N, generator=generator).to(device).split(B):
             if done == steps:
                 return
             done += 1
@@ -204,8 +205,7 @@ def _train_gpytorch(model, objective, data, args, seed: int, scheduler_milestone
     _sync(X.device)
     t0 = time.perf_counter()
     with gpytorch.settings.num_likelihood_samples(DEEPGP_SAMPLES):
-        for idx in minibatches(data.num_train, B, args.steps, generator):
-            idx = idx.to(X.device)
+        for idx in minibatches(data.num_train, B, args.steps, generator, X.device):
             optimizer.zero_grad()
             loss = -objective(model(X[idx]), y[idx])
             loss.backward()
