@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import shlex
+import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -210,6 +212,8 @@ class Section:
     select: Callable[[dict], bool]
     columns: tuple[Column, ...]
     intro: str = ""
+    #: records -> the rows (e.g. :func:`over_splits`); ``None``: one row per record
+    combine: Callable[[list[dict]], list[dict]] | None = None
 
 
 def _setting(name: str, header: str | None = None) -> Column:
@@ -271,6 +275,44 @@ def _initialisation_study(rec: dict) -> bool:
     return _is_elbo(rec) and s.get("guide") == "meanfield" and s.get("init") is not None
 
 
+#: figures of per-split records shown with their standard error over the splits
+SE_FIGURES = ("test_loglik", "rmse", "crps", "nll_std")
+
+
+def over_splits(records: list[dict]) -> list[dict]:
+    """One row per configuration of per-split records (their settings but ``split``): each
+    numeric figure's mean over the splits, the standard error of :data:`SE_FIGURES` (``None``
+    for one split), ``splits`` the number of splits (``num_splits`` kept), and the command,
+    commit, date and machine of the latest split's record (its run is the row's link)."""
+    groups: dict[str, list[dict]] = {}
+    for rec in records:
+        settings = {k: v for k, v in rec["settings"].items() if k != "split"}
+        groups.setdefault(json.dumps(settings, sort_keys=True), []).append(rec)
+    rows = []
+    for key, recs in groups.items():
+        latest = max(enumerate(recs), key=_when)[1]
+        rows.append({**latest, "settings": json.loads(key),
+                     "figures": _split_figures([r.get("figures") or {} for r in recs])})
+    return rows
+
+
+def _split_figures(per_split: list[dict]) -> dict:
+    """Mean (and standard error) over the splits of each numeric figure."""
+    names = [n for n in dict.fromkeys(k for f in per_split for k in f) if n != "num_splits"]
+    out: dict = {"splits": len(per_split)}
+    if per_split[0].get("num_splits") is not None:
+        out["num_splits"] = per_split[0]["num_splits"]
+    for name in names:
+        values = [f[name] for f in per_split if isinstance(f.get(name), int | float)]
+        if len(values) != len(per_split):
+            continue
+        out[name] = statistics.fmean(values)
+        if name in SE_FIGURES:
+            out[f"{name}_se"] = (statistics.stdev(values) / math.sqrt(len(values))
+                                 if len(values) > 1 else None)
+    return out
+
+
 DATASET_MODEL = Column("data set, model", lambda rec, flat: f"{rec['settings'].get('dataset')}, "
                        f"{rec['settings'].get('model')}", ("dataset", "model"))
 LOGLIK, RMSE = _figure("test_loglik", "test log-lik (se)"), _figure("rmse", "RMSE (se)")
@@ -294,7 +336,17 @@ SECTIONS = (
             f"{SALIMBENI}, mean (standard error) over their splits at 20,000 steps, M = 100; "
             "not our figures."),
     Section("How accurate is it against GPyTorch at equal steps?", "uci_gpytorch",
-            lambda rec: True, (DATASET_MODEL, _setting("steps"), SPLITS, LOGLIK, RMSE)),
+            lambda rec: True,
+            (Column("data set, layers, steps", lambda rec, flat: "{dataset}, {layers}, "
+                    "{steps}".format(**rec["settings"]), ("dataset", "layers", "steps")),
+             _setting("peer"), SPLITS, LOGLIK, RMSE,
+             _figure("nll_std", "standardised NLL (se)"), _figure("ms_per_step", "ms/step")),
+            "`benchmarks/peers.py`: GPyTorch's `DeepGP` and `DSPP` built and trained as their "
+            "tutorials do (`deepgp`: width 10, 10 samples; `dspp`: width 3, Q = 8, beta 0.05) "
+            "and ours (`DeepGP.regression`, mean-field guide), at equal steps, batch, M, dtype "
+            "and device on each UCI split; mean (standard error) over the splits run, test "
+            "log-lik and RMSE in original units, NLL of the standardised targets.",
+            combine=over_splits),
     Section("How do the guides compare?", "uci", _guide_comparison,
             (DATASET_MODEL, _setting("guide"), _setting("steps"), SPLITS, LOGLIK, RMSE,
              _figure("s_per_step", "s/step")),
@@ -476,6 +528,8 @@ def render(directory: Path) -> str:
     for section in sections:
         chosen = latest_per_configuration([r for r in records.get(section.benchmark, [])
                                            if section.select(r)])
+        if section.combine is not None:
+            chosen = section.combine(chosen)
         if chosen:
             out += section_lines(section, chosen, runs)
         elif section.benchmark in {s.benchmark for s in SECTIONS}:
