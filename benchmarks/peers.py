@@ -22,9 +22,8 @@ code (:mod:`pyro_dgp.prediction.metrics` on the peer's predictive mixture):
     same fractions of the steps). Its predictive is the mixture over the Q sites weighted by
     the learned quadrature weights.
 ``ours``
-    ``pyro_dgp``: ``DeepGP.regression`` and the mean-field guide with their defaults, ``fit``
-    at lr 0.01 with a constant rate, predicted with S = 100 draws (``benchmarks/uci.py --init
-    package``).
+    ``pyro_dgp``: ``DeepGP.regression``, the mean-field guide and ``fit`` with their defaults
+    (the package's learning rate and schedule), predicted with S = 100 draws.
 
 Every peer takes ``--steps`` Adam steps on minibatches of ``min(--batch, N)`` points with
 ``--inducing`` inducing points per GP. The tutorials' other settings (widths, samples,
@@ -299,8 +298,7 @@ def _run_ours(data, args, seed: int) -> tuple:
     guide = MeanField(model)
     _sync(data.X_train.device)
     result = fit(model, guide, data.X_train, data.y_train, num_steps=args.steps,
-                 batch_size=min(args.batch, data.num_train), lr=LR, lr_decay=1.0, seed=seed,
-                 progress=False)
+                 batch_size=min(args.batch, data.num_train), seed=seed, progress=False)
     _sync(data.X_train.device)
     pred = predict(model, guide, data.X_test, num_samples=OUR_SAMPLES, seed=seed)
     return pred, result.seconds, model
