@@ -96,7 +96,7 @@ def build_model(X, y, inducing: str, M: int = 20, locations_jitter: float = 1e-3
                      train_inducing=not locations,
                      jitter=locations_jitter if locations and not last_whitened else None)
     return DeepGP([first, second], Gaussian(1e-3), num_data=len(y),
-                  inducing="locations" if locations else "fixed").to(DT)
+                  inducing_scheme="propagated" if locations else "per-layer").to(DT)
 
 
 def _draws(guide, X, S):

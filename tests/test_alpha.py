@@ -50,7 +50,7 @@ def test_alpha_to_zero_is_the_elbo_of_the_same_guide(name):
     objective = LocalAlpha(alpha=1e-6, num_samples=50)
     with torch.no_grad():
         values = [-float(objective.differentiable_loss(model, guide, X, y)) for _ in range(20)]
-    estimate = dgp.elbo(model, guide, X, y, num_particles=400, seed=1)
+    estimate = dgp.evaluate_elbo(model, guide, X, y, num_particles=400, seed=1)
     se = math.hypot(statistics.stdev(values) / math.sqrt(len(values)), estimate.stderr)
     assert abs(statistics.mean(values) - estimate.value) < 4 * se + 1e-6 * abs(estimate.value)
 

@@ -34,8 +34,9 @@ GUIDES = {
 }
 
 
-def _model(X, y, inducing="fixed"):
-    return dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=4, inducing=inducing)
+def _model(X, y, inducing_scheme="per-layer"):
+    return dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=4,
+                                  inducing_scheme=inducing_scheme)
 
 
 def _train(model, guide, X, y, steps):
@@ -76,7 +77,7 @@ def test_trained_model_and_guide_copy_pickle_and_save_to_the_same_predictions(
     guide = GUIDES[gname](model)
     _train(model, guide, X, y, 2)
     # straight after a training step (a later no-grad run, e.g. predict, replaces the caches)
-    copy.deepcopy(model)  # the model alone too (inducing="locations" held f(Z))
+    copy.deepcopy(model)  # the model alone too (inducing_scheme="propagated" held f(Z))
     copies = {how: round_trip((model, guide)) for how, round_trip in _round_trips().items()}
     expected = _loc(model, guide, Xt)
     for how, (m2, g2) in copies.items():

@@ -63,6 +63,7 @@ from pathlib import Path
 import pyro
 import torch
 
+from ..deprecation import renamed_keywords
 from ..errors import user_errors_first
 from .batches import Batches, model_dtype_device
 from .chunked import fit_elbo
@@ -85,7 +86,7 @@ from .monitor import (
     validation_loss,
 )
 from .natgrad import NaturalGradient
-from .objectives import make_objective
+from .objectives import default_num_particles, make_objective, objective_name
 from .optim import make_optimizer, parameters_of, resolve_lr_schedule, warn_if_taken_from_store
 from .result import FitResult, TrainingDivergedError
 from .threads import num_threads, step_work, threads_for
@@ -96,16 +97,18 @@ __all__ = ["FitResult", "StepInfo", "TrainingDivergedError", "TrainingInstabilit
 
 
 
+@renamed_keywords("fit", num_samples="num_particles")
 @user_errors_first
 def fit(
     model, guide, X, y: torch.Tensor | None = None, *, num_steps: int = 1000,
-    batch_size: int | None = None, lr: float = 0.01, objective="auto", num_particles: int = 1,
+    batch_size: int | None = None, lr: float = 0.01, objective="auto",
+    num_particles: int | None = None,
     seed: int | None = 0, progress: bool | int = True,
     checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 500,
     resume: bool = False, optimizer: type[torch.optim.Optimizer] = torch.optim.Adam,
     lr_schedule: str | Callable[[int, int], float] | None = None, lr_decay: float | None = None,
     final_elbo_particles: int = 8, threads: int | None = None, natural_gradient=None,
-    alpha: float = 0.5, num_samples: int = 10, distributed: bool = False, cuda_graph=False,
+    alpha: float = 0.5, distributed: bool = False, cuda_graph=False,
     validation=None, patience: int | None = None, validate_every: int | None = None,
     callbacks: Sequence[Callable[[StepInfo], bool | None]] | None = None, callback_every: int = 1,
 ) -> FitResult:
@@ -114,7 +117,10 @@ def fit(
     :param X: ``(N, D)`` inputs (a tensor, a NumPy array, or data read row by row);
         :param y: ``(N,)`` targets. :param batch_size: minibatch size B (``None``: N).
     :param objective: a Pyro ELBO or a name (:func:`make_objective`); ``"alpha"``: the local
-        alpha-divergence objective with ``alpha`` and ``num_samples`` (shown as ``loss/pt``).
+        alpha-divergence objective with ``alpha`` (shown as ``loss/pt``).
+    :param num_particles: draws of the guide per step and point (Pyro's word): averaged for an
+        ELBO, inside each point's ``log (1/K) sum_k`` for ``"alpha"`` and ``"renyi"``
+        (``None``: 10 for ``"alpha"``, else 1; formerly ``num_samples`` for ``"alpha"``).
     :param seed: seeds Pyro/torch/numpy and the minibatch stream, in ``[0, 2**32 - 1]``
         (``None``: leave as is, or on resume the checkpoint's seed: the run goes on as it was).
     :param optimizer: an Optimizer class (or ``(params, lr=)``). :param checkpoint: file
@@ -139,6 +145,9 @@ def fit(
         the last good parameters and writing the checkpoint.
     :warns TrainingInstabilityWarning: the smoothed loss rose far above its best (once a run).
     """
+    objective = objective_name(objective)
+    if num_particles is None:
+        num_particles = default_num_particles(objective)
     check_options(lr, lr_decay, num_particles, seed, optimizer, final_elbo_particles, threads)
     schedule = resolve_lr_schedule(lr_schedule, lr_decay)
     X, y, N, B = check_arguments(model, X, y, num_steps, batch_size, checkpoint_every)
@@ -154,7 +163,7 @@ def fit(
                     objective=objective, num_particles=num_particles, seed=seed,
                     progress=progress, checkpoint=checkpoint, checkpoint_every=checkpoint_every,
                     resume=resume, optimizer=optimizer, schedule=schedule, alpha=alpha,
-                    final_elbo_particles=final_elbo_particles, num_samples=num_samples,
+                    final_elbo_particles=final_elbo_particles,
                     natural_gradient=natural_gradient, cuda_graph=cuda_graph,
                     watchers=watch)
 
@@ -202,7 +211,7 @@ def _threads(threads: int | None, model, batches: Batches, num_particles: int) -
 
 def _fit(model, guide, batches: Batches, parallel: DataParallel | None, *, num_steps, lr,
          objective, num_particles, seed, progress, checkpoint, checkpoint_every, resume,
-         optimizer, schedule, final_elbo_particles, natural_gradient, alpha, num_samples,
+         optimizer, schedule, final_elbo_particles, natural_gradient, alpha,
          cuda_graph, watchers):
     """:func:`fit` after its checks, with its thread count set."""
     path = Path(checkpoint) if checkpoint is not None else None
@@ -216,7 +225,7 @@ def _fit(model, guide, batches: Batches, parallel: DataParallel | None, *, num_s
     # the minibatch stream: from the seed, else from torch's global stream (as is)
     generator = torch.Generator().manual_seed(
         seed if seed is not None else int(torch.randint(2**62, ()).item()))
-    elbo = make_objective(objective, guide, num_particles, alpha=alpha, num_samples=num_samples)
+    elbo = make_objective(objective, guide, num_particles, alpha=alpha)
     if cuda_graph and not hasattr(elbo, "differentiable_loss"):
         raise ValueError(f"cuda_graph=True needs an objective with differentiable_loss; "
                          f"{type(elbo).__name__} has none")

@@ -1,0 +1,78 @@
+"""Renamed keywords and values: the old spelling keeps working for one release, with a
+:class:`PyroDGPDeprecationWarning` (a ``DeprecationWarning``) that names the new one.
+
+- :func:`renamed_keywords` decorates a function (or method) whose keyword ``old`` is now
+  ``new``: ``f(old=v)`` warns and runs as ``f(new=v)``; ``f(old=v, new=w)`` is a ``TypeError``.
+- :func:`renamed_value` maps an old value of an argument (``objective="meanfield"``) to its
+  new spelling, with the same warning.
+- :func:`warn_renamed` warns for any other renamed thing (an attribute, a function).
+
+Each warning is attributed to the first caller outside this package (the line of the user's
+code that uses the old spelling), however deep inside the package it is issued.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import warnings
+
+__all__ = ["PyroDGPDeprecationWarning", "renamed_keywords", "renamed_value", "warn_renamed"]
+
+_PACKAGE = __name__.split(".")[0]
+
+
+class PyroDGPDeprecationWarning(DeprecationWarning):
+    """An old spelling of this package's API: it works for one more release; the message
+    names the new spelling."""
+
+
+def _outside_stacklevel() -> int:
+    """The ``stacklevel`` of ``warnings.warn`` called from :func:`warn_renamed` that points at
+    the first frame outside this package."""
+    frame, level = sys._getframe(1), 1  # warn_renamed's own frame is stacklevel 1
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == _PACKAGE:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def warn_renamed(old: str, new: str) -> None:
+    """Warn that ``old`` (how the caller spelled it) is deprecated in favour of ``new``."""
+    warnings.warn(f"{old} is deprecated and will be removed in the next release; use {new}",
+                  PyroDGPDeprecationWarning, stacklevel=_outside_stacklevel())
+
+
+def renamed_keywords(where: str, **renames: str):
+    """Decorate ``where`` (its name in messages) so that each keyword ``old`` of ``renames``
+    (``old="new"``) is passed on as ``new``, with a warning; both given: ``TypeError``."""
+
+    def decorate(fn):
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            for old, new in renames.items():
+                if old not in kwargs:
+                    continue
+                positional = signature.bind_partial(*args).arguments
+                if new in kwargs or new in positional:
+                    raise TypeError(f"{where}: got both {old}= and {new}=; {old} is the old "
+                                    f"name of {new}: pass only {new}")
+                warn_renamed(f"{where}({old}=...)", f"{where}({new}=...)")
+                kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def renamed_value(value, renames: dict, argument: str, where: str):
+    """``value``, or its new spelling ``renames[value]`` with a warning where it is an old one
+    (``renames`` maps old values to new ones)."""
+    if isinstance(value, str) and value in renames:
+        new = renames[value]
+        warn_renamed(f"{where}({argument}={value!r})", f"{where}({argument}={new!r})")
+        return new
+    return value
