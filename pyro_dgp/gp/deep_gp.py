@@ -208,8 +208,8 @@ class DeepGP(PyroModule):
         :param whiten: whitened inducing outputs (default). With
             ``inducing_scheme="propagated"`` the layers whose ``u`` is the next layer's
             inducing inputs always hold ``f(Z)``; the last layer is whitened at its random
-            inducing inputs (non-centred) if ``whiten``, else it holds ``f(Z)`` too (Ustyuzhaninov et al. 2020, §4.2 as published). See
-            :class:`DeepGP`.
+            inducing inputs (non-centred) if ``whiten``, else it holds ``f(Z)`` too
+            (Ustyuzhaninov et al. 2020, §4.2 as published). See :class:`DeepGP`.
         """
         X, y = as_tensor_input(X), as_tensor_input(y, getattr(X, "device", None))
         inducing_scheme = _scheme(inducing_scheme, "DeepGP.regression")
