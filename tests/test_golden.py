@@ -68,7 +68,7 @@ def _numbers(variant: str, guide_name: str) -> dict:
     result = dgp.fit(model, guide, X, y, num_steps=NUM_STEPS[variant], lr=0.002, seed=0,
                      optimizer=torch.optim.SGD, progress=False, lr_schedule="constant")
     pred = dgp.predict(model, guide, data.X_test, num_samples=20, seed=3)
-    summary = dgp.layer_summary(model, guide, X, num_samples=20, seed=4)
+    summary = dgp.layer_summary(dgp.to_datatree(model, guide, X, num_samples=20, seed=4))
     out = {
         "loss_step_1": result.losses[0],
         "loss_last_step": result.losses[-1],
