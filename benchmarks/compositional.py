@@ -114,7 +114,7 @@ def layer_variances_at_zero(model, guide, S: int = 1000) -> tuple[float, float]:
     for i, layer in enumerate(model.layers):
         u = trace.nodes[f"{layer.name}.u"]["value"].squeeze(-3)  # (S, D, M)
         Z = None
-        if model.inducing == "locations" and i > 0:
+        if model.inducing_scheme == "propagated" and i > 0:
             Z = trace.nodes[f"{model.layers[i - 1].name}.u"]["value"].squeeze(-3).mT
         with torch.no_grad(), layer.given_inducing_inputs(Z):
             loc, var = layer.conditional(x0.expand(S, 1, 1), u)
@@ -135,7 +135,7 @@ def _paths(model, guide, grid, S):
     layer1, layer2 = model.layers
     u1 = trace.nodes["layer1.u"]["value"].squeeze(-3)  # (S, D, M)
     u2 = trace.nodes["layer2.u"]["value"].squeeze(-3)
-    Z = u1.mT if model.inducing == "locations" else None  # layer 2's inducing inputs
+    Z = u1.mT if model.inducing_scheme == "propagated" else None  # layer 2's inducing inputs
     with torch.no_grad():
         first, _ = layer1.conditional(grid.expand(S, *grid.shape), u1)  # (S, N, 1)
         h = torch.linspace(float(first.min()) - 0.2, float(first.max()) + 0.2, grid.shape[0],

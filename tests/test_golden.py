@@ -58,8 +58,10 @@ def _numbers(variant: str, guide_name: str) -> dict:
         model = dgp.gp.avdgp_regression(X, y, hidden_dims=(1,), num_inducing=4, seed=0,
                                         kl_weight="one")
     else:
-        model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=8, inducing=variant,
-                                      seed=0)
+        # the variants' names are the recorded numbers' keys (the schemes' old names)
+        scheme = {"fixed": "per-layer", "locations": "propagated"}[variant]
+        model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=8,
+                                      inducing_scheme=scheme, seed=0)
     guide = make_guide(guide_name, model)
     # plain SGD: Adam divides each step by the root of its running squared gradient, so a
     # parameter whose gradient is small turns round-off into a step of size lr; over 50 steps
