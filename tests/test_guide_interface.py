@@ -172,8 +172,8 @@ def test_fit_reports_the_elbo_at_the_final_parameters():
     assert math.isfinite(result.final_elbo_stderr)
 
 
-@pytest.mark.parametrize("entry", ["fit", "predict", "to_datatree", "layer_summary",
-                                   "variational_pareto_k", "layer_kl"])
+@pytest.mark.parametrize("entry", ["fit", "predict", "to_datatree", "variational_pareto_k",
+                                   "layer_kl"])
 def test_a_guide_of_another_model_is_refused_naming_both(entry):
     X = torch.linspace(-1, 1, 12, dtype=DT).unsqueeze(-1)
     y = torch.sin(3 * X[:, 0])
@@ -184,7 +184,6 @@ def test_a_guide_of_another_model_is_refused_naming_both(entry):
         "fit": lambda: dgp.fit(model, guide, X, y, num_steps=1, progress=False),
         "predict": lambda: dgp.predict(model, guide, X, num_samples=2),
         "to_datatree": lambda: dgp.to_datatree(model, guide, X, y, num_samples=2),
-        "layer_summary": lambda: dgp.layer_summary(dgp.to_datatree(model, guide, X, num_samples=2)),
         "variational_pareto_k": lambda: dgp.variational_pareto_k(model, guide, X, y,
                                                                  num_samples=10),
         "layer_kl": lambda: dgp.diagnostics.layer_kl(model, guide, X),

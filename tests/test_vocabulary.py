@@ -93,8 +93,10 @@ def test_predict_batch_size_is_chunk_rows_and_seed_defaults_to_zero():
     assert torch.equal(old.mean, new.mean) and torch.equal(old.variance, new.variance)
     # seed=0 by default: the same draws twice, whatever the global random state
     torch.manual_seed(123)
+    once = dgp.predict(model, guide, X, num_samples=5)
+    torch.manual_seed(456)
     again = dgp.predict(model, guide, X, num_samples=5)
-    assert torch.equal(again.mean, new.mean)
+    assert torch.equal(again.mean, once.mean)
     with pytest.raises(TypeError, match="both batch_size= and chunk_rows="):
         dgp.predict(model, guide, X, 5, 7, batch_size=7)
 
@@ -178,3 +180,19 @@ def test_cli_num_inducing_and_old_spellings(capsys):
     err = capsys.readouterr().err
     assert "--inducing is deprecated" in err and "use --num-inducing" in err
     assert "use --objective analytic-kl" in err
+
+
+def test_warnings_of_renaming_entry_points_point_at_the_callers_line():
+    """The renames sit in the entry points' one wrapper (or count frames): their own warnings
+    still name the caller's line."""
+    X, y = _data()
+    with pytest.warns(UserWarning, match="full-batch") as caught:
+        _fit_losses(batch_size=100)
+    assert caught[0].filename.endswith("test_vocabulary.py")
+    with pytest.warns(UserWarning, match="assume standardised data") as caught:
+        dgp.DeepGP.regression(X, 100 * y, num_inducing=4, inducing_scheme="per-layer")
+    assert caught[0].filename == __file__
+    joint = dgp.complete(AutoNormal, dgp.DeepGP.regression(X, y, num_inducing=4))
+    with pytest.warns(UserWarning, match="factorises like the model") as caught:
+        make_objective("analytic-kl", joint)
+    assert caught[0].filename == __file__

@@ -14,6 +14,7 @@ import torch
 from scipy.cluster.vq import kmeans2
 
 from .. import kernels as K
+from ..deprecation import user_stacklevel
 from ..likelihoods import BernoulliProbit, Gaussian, Likelihood, StudentT
 from ..state import global_setting
 from ..validation import (
@@ -174,7 +175,7 @@ def _warn_unstandardised(X: torch.Tensor, y: torch.Tensor | None) -> None:
             "(pyro_dgp.datasets.load and pyro_dgp.datasets.load_csv do; keep the statistics "
             "to report in original units), or pass noise_variance, kernel_variance and "
             "lengthscale on the data's scale",
-            UserWarning, stacklevel=4)
+            UserWarning, stacklevel=user_stacklevel())
 
 
 #: ``num_inducing`` of the builders when not given: ``min(DEFAULT_NUM_INDUCING, N)`` (every

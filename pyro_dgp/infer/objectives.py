@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from pyro.infer import ELBO, RenyiELBO, TraceMeanField_ELBO
 
-from ..deprecation import renamed_keywords, renamed_value
+from ..deprecation import renamed_keywords, renamed_value, user_stacklevel
 from ..errors import user_errors_first
 from ..guides.amortized import Amortized
 from ..rng import seeded
@@ -118,7 +118,7 @@ def _warn_mean_field(guide) -> None:
             f"{type(guide).__name__} does not declare that (its analytic KL terms may be "
             "wrong); use Trace_ELBO",
             UserWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
 
 

@@ -63,7 +63,6 @@ from pathlib import Path
 import pyro
 import torch
 
-from ..deprecation import renamed_keywords
 from ..errors import user_errors_first
 from .batches import Batches, model_dtype_device
 from .chunked import fit_elbo
@@ -97,8 +96,7 @@ __all__ = ["FitResult", "StepInfo", "TrainingDivergedError", "TrainingInstabilit
 
 
 
-@renamed_keywords("fit", num_samples="num_particles")
-@user_errors_first
+@user_errors_first(renamed={"num_samples": "num_particles"})
 def fit(
     model, guide, X, y: torch.Tensor | None = None, *, num_steps: int = 1000,
     batch_size: int | None = None, lr: float = 0.01, objective="auto",

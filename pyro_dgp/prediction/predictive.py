@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from ..deprecation import renamed_keywords
 from ..errors import user_errors_first
 from ..guides.amortized import weighted_paths
 from ..guides.base import shared_draws
@@ -33,8 +32,7 @@ from .mixture import MixturePredictive, check_units
 __all__ = ["predict"]
 
 
-@renamed_keywords("predict", batch_size="chunk_rows")
-@user_errors_first
+@user_errors_first(renamed={"batch_size": "chunk_rows"})
 def predict(
     model,
     guide,
