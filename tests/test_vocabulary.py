@@ -153,6 +153,8 @@ def test_layer_summary_takes_a_datatree():
     assert old_var.equals(layer_variance(tree))
     with pytest.raises(TypeError, match=r"layer_summary takes a DataTree"):
         dgp.layer_summary(model)
+    with pytest.raises(TypeError, match=r"\['seed'\] are arguments of to_datatree"):
+        dgp.layer_summary(tree, seed=1)
 
 
 def test_complete_takes_an_autoguide_class():

@@ -165,9 +165,8 @@ def _add_fit(sub) -> None:
                    help="variational family (amortized-*: with --model avdgp only)")
     f.add_argument("--objective", choices=OBJECTIVE_NAMES, type=_objective, default="auto",
                    help="auto: the analytic-KL ELBO (analytic-kl) where the guide factorises "
-                        "like the "
-                        "model, the amortized guides' weighted-path objective for amortized-*, "
-                        "else Trace_ELBO; renyi: RenyiELBO(alpha=0.5), with a guide "
+                        "like the model, the amortized guides' weighted-path objective for "
+                        "amortized-*, else Trace_ELBO; renyi: RenyiELBO(alpha=0.5), with a guide "
                         "that samples u (meanfield-sampled or an auto* guide); alpha: the "
                         "local alpha-divergence objective with --alpha (power EP with tied "
                         "factors; alpha -> 0 is the ELBO, 1 the predictive log-likelihood)")

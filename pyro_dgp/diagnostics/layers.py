@@ -35,7 +35,10 @@ def _as_datatree(dt, guide, X, where: str, kwargs: dict) -> xr.DataTree:
     model = dt
     if isinstance(dt, tuple):
         model, guide, X = dt
-    if isinstance(model, xr.DataTree) or guide is None or X is None:
+    if isinstance(model, xr.DataTree):
+        raise TypeError(f"{where} takes a DataTree alone: {sorted(kwargs)} are arguments of "
+                        f"to_datatree, which drew it")
+    if guide is None or X is None:
         raise TypeError(f"{where} takes a DataTree: {where}(to_datatree(model, guide, X, "
                         f"...)), got {type(dt).__name__}")
     warn_renamed(f"{where}(model, guide, X, ...)",
