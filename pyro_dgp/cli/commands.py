@@ -27,7 +27,7 @@ from .data import data_spec, evaluate_settings, load_data
 
 __all__ = ["DEFAULT_INDUCING", "DEFAULT_LAYERS", "cmd_demo", "cmd_evaluate", "cmd_fit", "note"]
 
-#: ``pyro-dgp fit``'s defaults of ``--layers`` and ``--inducing`` (the DSVI model's)
+#: ``pyro-dgp fit``'s defaults of ``--layers`` and ``--num-inducing`` (the DSVI model's)
 DEFAULT_LAYERS, DEFAULT_INDUCING = 2, 100
 
 
