@@ -268,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--lr-decay", type=float, default=1.0,
                    help="final learning rate as a fraction of --lr (exponential decay)")
-    p.add_argument("--inducing", type=int, default=20)
+    p.add_argument("--num-inducing", "--inducing", dest="inducing", type=int, default=20)
     p.add_argument("--locations-jitter", type=float, default=1e-3,
                    help="jitter of the periodic layer of the inducing-as-locations model")
     p.add_argument("--noise", type=float, default=TOY_DEFAULTS["noise"],

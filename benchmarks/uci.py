@@ -183,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=PROTOCOL["batch_size"],
                    help="minibatch size (capped at the training set size)")
     p.add_argument("--lr", type=float, default=PROTOCOL["lr"], help="Adam learning rate")
-    p.add_argument("--inducing", type=int, default=PROTOCOL["inducing"],
+    p.add_argument("--num-inducing", "--inducing", dest="inducing",
+                   type=int, default=PROTOCOL["inducing"],
                    help="inducing points M per layer (capped at N)")
     p.add_argument("--hidden-dim", type=int, default=None,
                    help="inner-layer width (default min(30, D))")

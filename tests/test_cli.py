@@ -53,7 +53,7 @@ def test_bench_uci_from_the_command_line(tmp_path, capsys):
     import uci
 
     assert uci.main(["--datasets", "boston", "--layers", "2", "--splits", "1",
-                 "--steps", "3", "--samples", "3", "--inducing", "5", "--data-dir", str(DATA),
+                 "--steps", "3", "--samples", "3", "--num-inducing", "5", "--data-dir", str(DATA),
                  "--out", str(out), "--checkpoint-dir", str(tmp_path / "ck"), "--quiet"]) == 0
     assert len(out.read_text().splitlines()) == 1
 
