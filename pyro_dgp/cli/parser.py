@@ -152,10 +152,7 @@ def _add_fit(sub) -> None:
     f.add_argument("--layers", type=_positive_int, default=DEFAULT_LAYERS, help="GP layers")
     f.add_argument("--hidden-dim", type=_positive_int,
                    help="width of the inner layers (default: min(30, input dims))")
-    f.add_argument("--num-inducing", type=_positive_int, default=DEFAULT_INDUCING,
-                   help="inducing points M per layer (at most the training points)")
-    f.add_argument("--inducing", type=_positive_int, dest="num_inducing", action=_RenamedOption,
-                   new="--num-inducing", help=argparse.SUPPRESS)
+    _num_inducing_args(f)
     f.add_argument("--model", choices=["dsvi", "avdgp"], default="dsvi",
                    help="dsvi: layers with global inducing points (--layers, --hidden-dim, "
                         "--num-inducing); avdgp: per-point inducing points, the architecture of "
@@ -218,6 +215,14 @@ def _add_evaluate(sub) -> None:
                         "skipped are named on stderr")
     _threads_arg(e)
     e.set_defaults(func=cmd_evaluate)
+
+
+def _num_inducing_args(f) -> None:
+    """``--num-inducing``, and its old name ``--inducing`` (hidden, noted when used)."""
+    f.add_argument("--num-inducing", type=_positive_int, default=DEFAULT_INDUCING,
+                   help="inducing points M per layer (at most the training points)")
+    f.add_argument("--inducing", type=_positive_int, dest="num_inducing", action=_RenamedOption,
+                   new="--num-inducing", help=argparse.SUPPRESS)
 
 
 def _threads_arg(q) -> None:

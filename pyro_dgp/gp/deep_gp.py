@@ -221,8 +221,7 @@ class DeepGP(PyroModule):
             layers = dsvi_layers(X, kernel=kernel, inner_noise=inner_noise, jitter=jitter,
                                  kernel_variance=kernel_variance, lengthscale=lengthscale,
                                  inducing_scheme=inducing_scheme, **checked)
-            model = cls(layers, lik, num_data=X.shape[0], name=name,
-                        inducing_scheme=inducing_scheme)
+            model = cls(layers, lik, X.shape[0], name, inducing_scheme)
         return model.to(device=X.device, dtype=X.dtype)
 
     @classmethod

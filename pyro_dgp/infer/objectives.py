@@ -21,7 +21,7 @@ from .importance import RenyiELBO as ImportanceRenyiELBO
 from .importance import check_importance_weights
 
 __all__ = ["ELBOEstimate", "OBJECTIVE_NAMES", "default_num_particles", "evaluate_elbo",
-           "make_objective", "objective_name"]
+           "make_objective", "objective_and_particles", "objective_name"]
 
 #: the per-point draws ``K`` of ``"alpha"`` when ``num_particles`` is not given
 ALPHA_PARTICLES = 10
@@ -50,6 +50,14 @@ def objective_name(objective, where: str = "fit"):
     """``objective`` with an old name (``"meanfield"``) replaced by its new one
     (``"analytic-kl"``), warned; anything else as is."""
     return renamed_value(objective, _OLD_NAMES, "objective", where)
+
+
+def objective_and_particles(objective, num_particles: int | None, where: str = "fit"):
+    """``(objective, num_particles)``: the objective's new name (:func:`objective_name`) and
+    ``num_particles``, or where ``None`` its :func:`default_num_particles`."""
+    objective = objective_name(objective, where)
+    return objective, (default_num_particles(objective) if num_particles is None
+                       else num_particles)
 
 
 def default_num_particles(objective) -> int:
@@ -89,9 +97,8 @@ def make_objective(objective, guide, num_particles: int | None = None,
                     max_plate_nesting=objective.max_plate_nesting,
                     vectorize_particles=objective.vectorize_particles)
         return objective
-    objective = objective_name(objective, "make_objective")
-    if num_particles is None:
-        num_particles = default_num_particles(objective)
+    objective, num_particles = objective_and_particles(objective, num_particles,
+                                                       "make_objective")
     num_particles = check_positive_int(num_particles, "num_particles")
     if objective == "alpha":
         return LocalAlpha(alpha, num_particles)

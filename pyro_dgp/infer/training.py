@@ -85,7 +85,7 @@ from .monitor import (
     validation_loss,
 )
 from .natgrad import NaturalGradient
-from .objectives import default_num_particles, make_objective, objective_name
+from .objectives import make_objective
 from .optim import make_optimizer, parameters_of, resolve_lr_schedule, warn_if_taken_from_store
 from .result import FitResult, TrainingDivergedError
 from .threads import num_threads, step_work, threads_for
@@ -99,9 +99,8 @@ __all__ = ["FitResult", "StepInfo", "TrainingDivergedError", "TrainingInstabilit
 @user_errors_first(renamed={"num_samples": "num_particles"})
 def fit(
     model, guide, X, y: torch.Tensor | None = None, *, num_steps: int = 1000,
-    batch_size: int | None = None, lr: float = 0.01, objective="auto",
-    num_particles: int | None = None,
-    seed: int | None = 0, progress: bool | int = True,
+    batch_size: int | None = None, lr: float = 0.01, objective="auto", seed: int | None = 0,
+    num_particles: int | None = None, progress: bool | int = True,
     checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 500,
     resume: bool = False, optimizer: type[torch.optim.Optimizer] = torch.optim.Adam,
     lr_schedule: str | Callable[[int, int], float] | None = None, lr_decay: float | None = None,
@@ -115,15 +114,12 @@ def fit(
     :param X: ``(N, D)`` inputs (a tensor, a NumPy array, or data read row by row);
         :param y: ``(N,)`` targets. :param batch_size: minibatch size B (``None``: N).
     :param objective: a Pyro ELBO or a name (:func:`make_objective`); ``"alpha"``: the local
-        alpha-divergence objective with ``alpha`` (shown as ``loss/pt``).
-    :param num_particles: draws of the guide per step and point (Pyro's word): averaged for an
-        ELBO, inside each point's ``log (1/K) sum_k`` for ``"alpha"`` and ``"renyi"``
-        (``None``: 10 for ``"alpha"``, else 1; formerly ``num_samples`` for ``"alpha"``).
+        alpha-divergence objective with ``alpha`` (shown as ``loss/pt``). :param num_particles:
+        draws of the guide per step and point (``None``: 10 for ``"alpha"``, else 1).
     :param seed: seeds Pyro/torch/numpy and the minibatch stream, in ``[0, 2**32 - 1]``
         (``None``: leave as is, or on resume the checkpoint's seed: the run goes on as it was).
-    :param optimizer: an Optimizer class (or ``(params, lr=)``). :param checkpoint: file
-        written every ``checkpoint_every`` steps, at the end, on divergence and on
-        KeyboardInterrupt; ``resume=True`` continues from it exactly.
+    :param optimizer: an Optimizer class (or ``(params, lr=)``). :param checkpoint: a file
+        written every ``checkpoint_every`` steps and more (module docstring); ``resume=True``.
     :param lr_schedule: ``"cosine"`` (default), ``"exponential"``, ``"constant"`` or
         ``(step, num_steps) -> factor``; :param lr_decay: the last step's rate over ``lr``.
     :param progress: a bar on a terminal, else a line every tenth of the run; ``k``: a line
@@ -143,10 +139,8 @@ def fit(
         the last good parameters and writing the checkpoint.
     :warns TrainingInstabilityWarning: the smoothed loss rose far above its best (once a run).
     """
-    objective = objective_name(objective)
-    if num_particles is None:
-        num_particles = default_num_particles(objective)
-    check_options(lr, lr_decay, num_particles, seed, optimizer, final_elbo_particles, threads)
+    objective, num_particles = check_options(objective, lr, lr_decay, num_particles, seed,
+                                             optimizer, final_elbo_particles, threads)
     schedule = resolve_lr_schedule(lr_schedule, lr_decay)
     X, y, N, B = check_arguments(model, X, y, num_steps, batch_size, checkpoint_every)
     watch = check_watchers(model, X, validation, patience, validate_every, callbacks,
@@ -161,9 +155,8 @@ def fit(
                     objective=objective, num_particles=num_particles, seed=seed,
                     progress=progress, checkpoint=checkpoint, checkpoint_every=checkpoint_every,
                     resume=resume, optimizer=optimizer, schedule=schedule, alpha=alpha,
-                    final_elbo_particles=final_elbo_particles,
-                    natural_gradient=natural_gradient, cuda_graph=cuda_graph,
-                    watchers=watch)
+                    final_elbo_particles=final_elbo_particles, cuda_graph=cuda_graph,
+                    natural_gradient=natural_gradient, watchers=watch)
 
 
 def _watchers(model, guide, elbo, batches: Batches, seed, progress, validation, patience,

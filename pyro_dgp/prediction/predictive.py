@@ -56,8 +56,7 @@ def predict(
     :param guide: any guide of the library (or a completed autoguide).
     :param X: ``(N, D)`` test inputs (a NumPy array: taken in its dtype on the model's
         device).
-    :param chunk_rows: test points per pass (memory grows with S x chunk_rows x M; formerly
-        ``batch_size``, the word now kept for ``fit``'s minibatch).
+    :param chunk_rows: test points per pass (memory grows with S x chunk_rows x M).
     :param y_mean, y_std: report in units ``y_mean + y_std * y_model``.
     :param seed: draw the samples from this seed without touching the global random state
         (also the ``mc_seed`` of the returned predictive's sampled estimates); ``None``: from
