@@ -127,7 +127,7 @@ def build(method: str, X, y, args, seed: int):
     if method == "dsdgp":
         model = dsdgp_model(X, y, args.widths, args.dsdgp_inducing, seed)
         guide = MeanField(model)
-        objective = make_objective("meanfield", guide, num_particles=args.dsdgp_particles)
+        objective = make_objective("analytic-kl", guide, num_particles=args.dsdgp_particles)
         return model, guide, objective, args.test_samples
     model = avdgp_regression(X, y, hidden_dims=args.widths, num_inducing=args.avdgp_inducing,
                              kl_weight=args.kl_weight, seed=seed)

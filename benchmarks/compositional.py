@@ -95,7 +95,7 @@ def build_model(X, y, inducing: str, M: int = 20, locations_jitter: float = 1e-3
                      train_inducing=not locations,
                      jitter=locations_jitter if locations and not last_whitened else None)
     return DeepGP([first, second], Gaussian(1e-3), num_data=len(y),
-                  inducing="locations" if locations else "fixed").to(DT)
+                  inducing_scheme="propagated" if locations else "per-layer").to(DT)
 
 
 def _draws(guide, X, S):
@@ -113,7 +113,7 @@ def layer_variances_at_zero(model, guide, S: int = 1000) -> tuple[float, float]:
     for i, layer in enumerate(model.layers):
         u = trace.nodes[f"{layer.name}.u"]["value"].squeeze(-3)  # (S, D, M)
         Z = None
-        if model.inducing == "locations" and i > 0:
+        if model.inducing_scheme == "propagated" and i > 0:
             Z = trace.nodes[f"{model.layers[i - 1].name}.u"]["value"].squeeze(-3).mT
         with torch.no_grad(), layer.given_inducing_inputs(Z):
             loc, var = layer.conditional(x0.expand(S, 1, 1), u)
@@ -134,7 +134,7 @@ def _paths(model, guide, grid, S):
     layer1, layer2 = model.layers
     u1 = trace.nodes["layer1.u"]["value"].squeeze(-3)  # (S, D, M)
     u2 = trace.nodes["layer2.u"]["value"].squeeze(-3)
-    Z = u1.mT if model.inducing == "locations" else None  # layer 2's inducing inputs
+    Z = u1.mT if model.inducing_scheme == "propagated" else None  # layer 2's inducing inputs
     with torch.no_grad():
         first, _ = layer1.conditional(grid.expand(S, *grid.shape), u1)  # (S, N, 1)
         h = torch.linspace(float(first.min()) - 0.2, float(first.max()) + 0.2, grid.shape[0],
@@ -267,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--lr-decay", type=float, default=1.0,
                    help="final learning rate as a fraction of --lr (exponential decay)")
-    p.add_argument("--inducing", type=int, default=20)
+    p.add_argument("--num-inducing", "--inducing", dest="inducing", type=int, default=20)
     p.add_argument("--locations-jitter", type=float, default=1e-3,
                    help="jitter of the periodic layer of the inducing-as-locations model")
     p.add_argument("--noise", type=float, default=TOY_DEFAULTS["noise"],

@@ -126,7 +126,7 @@ def run_configuration(data: Path, rows: int, processes: int, args) -> dict:
     report = data / f"report_{processes}"
     worker_args = [str(Path(__file__).resolve()), "--worker", "--data", str(data),
                    "--report", str(report), "--steps", str(steps),
-                   "--batch-size", str(args.batch_size), "--inducing", str(args.inducing),
+                   "--batch-size", str(args.batch_size), "--num-inducing", str(args.inducing),
                    "--threads", str(args.threads), "--processes", str(processes)]
     if processes == 1:
         command = [sys.executable, *worker_args]
@@ -161,7 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=1000,
                    help="steps timed at most; an epoch of more steps is extrapolated (and "
                         "flagged epoch_extrapolated)")
-    p.add_argument("--inducing", type=int, default=100, help="inducing points M per layer")
+    p.add_argument("--num-inducing", "--inducing", dest="inducing",
+                   type=int, default=100, help="inducing points M per layer")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--workdir", default=None, help="folder for the data (default: a temporary "
                                                    "folder, removed after)")

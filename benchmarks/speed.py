@@ -669,7 +669,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(same model, same step); see benchmarks/speed.py for what is measured.",
     )
     p.add_argument("--layers", type=int, nargs="+", default=[2, 3])
-    p.add_argument("--inducing", type=int, nargs="+", default=[100, 128], help="M")
+    p.add_argument("--num-inducing", "--inducing", dest="inducing",
+                   type=int, nargs="+", default=[100, 128], help="M")
     p.add_argument("--batch", type=int, nargs="+", default=[1024, 10_000], help="B")
     p.add_argument("--hidden", type=int, nargs="+", default=None,
                    help="hidden widths H (default: min(30, D) and 1)")

@@ -167,8 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--guide", default="meanfield", choices=sorted(GUIDES),
                    help="variational family (pyro_dgp.guides.registry)")
     p.add_argument("--objective", default="auto",
-                   choices=["auto", "elbo", "meanfield", "renyi", "alpha"],
-                   help="SVI objective (pyro_dgp.infer.objectives.make_objective); alpha: the "
+                   choices=["auto", "elbo", "analytic-kl", "meanfield", "renyi", "alpha"],
+                   help="SVI objective (pyro_dgp.infer.objectives.make_objective; meanfield: "
+                   "the old name of analytic-kl, kept for the records); alpha: the "
                    "local alpha-divergence objective with --alpha and --alpha-samples")
     p.add_argument("--alpha", type=float, default=0.5, help="alpha of --objective alpha")
     p.add_argument("--alpha-samples", type=int, default=10,
@@ -182,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=PROTOCOL["batch_size"],
                    help="minibatch size (capped at the training set size)")
     p.add_argument("--lr", type=float, default=PROTOCOL["lr"], help="Adam learning rate")
-    p.add_argument("--inducing", type=int, default=PROTOCOL["inducing"],
+    p.add_argument("--num-inducing", "--inducing", dest="inducing",
+                   type=int, default=PROTOCOL["inducing"],
                    help="inducing points M per layer (capped at N)")
     p.add_argument("--hidden-dim", type=int, default=None,
                    help="inner-layer width (default min(30, D))")
@@ -318,6 +320,12 @@ def objective_label(args) -> str:
     return args.objective
 
 
+def _objective(args) -> str:
+    """``--objective`` as ``fit`` names it (``meanfield``: the records' name of
+    ``analytic-kl``)."""
+    return "analytic-kl" if args.objective == "meanfield" else args.objective
+
+
 def _tag(args, short: str, layers: int, split: int) -> str:
     """A run's checkpoint name: every setting that changes what it computes."""
     return (f"{short}_L{layers}_{args.guide}_{objective_label(args)}_s{split}_T{args.steps}"
@@ -354,9 +362,9 @@ def _run_one(args, short: str, split: int, layers: int, ckpt_dir: Path) -> tuple
     t0 = time.perf_counter()
     try:
         result = fit(model, guide, data.X_train, data.y_train, num_steps=args.steps,
-                     batch_size=B, lr=args.lr, objective=args.objective, alpha=args.alpha,
-                     num_samples=args.alpha_samples,
-                     num_particles=args.particles, seed=seed, progress=not args.quiet,
+                     batch_size=B, lr=args.lr, objective=_objective(args), alpha=args.alpha,
+                     num_particles=(args.alpha_samples if args.objective == "alpha"
+                                    else args.particles), seed=seed, progress=not args.quiet,
                      checkpoint=ckpt, checkpoint_every=args.checkpoint_every, resume=ckpt.exists(),
                      lr_decay=init["lr_decay"])
         losses, fit_seconds, resumed_from = result.losses, result.seconds, result.resumed_from

@@ -13,7 +13,7 @@ p(y | f)``, unbiased; no quadrature over ``K`` dimensions); :func:`class_probabi
 averages ``softmax(f)`` over guide draws.
 
 Guides: every layer family (``MeanField``, ``Coupled``, ``Chain``, ``SemiImplicit``,
-``complete(AutoX(inducing_only(model)), model)``); ``Amortized`` with ``amortized=True``.
+``complete(AutoX, model)``); ``Amortized`` with ``amortized=True``.
 """
 
 from __future__ import annotations

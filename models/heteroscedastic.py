@@ -11,7 +11,7 @@ layer, :class:`~models.observations.HeteroscedasticNormal`); ``s`` is a learned 
 the posterior noise level.
 
 Guides: every layer family (``MeanField``, ``Coupled``, ``Chain``, ``SemiImplicit``,
-``complete(AutoX(inducing_only(model)), model)``); ``Amortized`` with ``amortized=True``.
+``complete(AutoX, model)``); ``Amortized`` with ``amortized=True``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ encoder network, then runs a layer guide of the decoder at those inputs. So
 
 and the ELBO is ``E_q log p(y | f) - KL(q(x) || p(x)) - KL(q(u) || p(u))``. Every layer
 family fits the decoder: ``MeanField(model.decoder)``, ``Coupled``, ``Chain``,
-``SemiImplicit``, ``complete(AutoNormal(inducing_only(model.decoder)), model.decoder)``, and
+``SemiImplicit``, ``complete(AutoNormal, model.decoder)``, and
 ``Amortized`` with ``amortized=True`` (then the inducing points too are per point, amortized
 on the latent inputs). Train with ``pyro.infer.SVI`` and ``Trace_ELBO``: ``model(y)``,
 ``guide(y)``.

@@ -12,7 +12,7 @@ guide draws.
 It is also the decoder of the latent-input model (:mod:`models.latent_input`).
 
 Guides: every layer family (``MeanField``, ``Coupled``, ``Chain``, ``SemiImplicit``,
-``complete(AutoX(inducing_only(model)), model)``); ``Amortized`` with ``amortized=True``.
+``complete(AutoX, model)``); ``Amortized`` with ``amortized=True``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ emitted by the Gaussian likelihood: under a guide that records the Gaussian of t
 layer's ``f`` it scores ``E log N(y | f, s^2)`` in closed form (the analytic last layer).
 
 Guides: every layer family (``MeanField``, ``Coupled``, ``Chain``, ``SemiImplicit``,
-``complete(AutoX(inducing_only(model)), model)``); with ``amortized=True`` the layers are
+``complete(AutoX, model)``); with ``amortized=True`` the layers are
 ``AmortizedGPLayer``\\ s and the guide is ``Amortized`` (trained with ``AmortizedELBO``).
 ``pyro_dgp.fit``, ``predict`` and ``to_datatree`` work on it as on a ``DeepGP``: it has
 ``.layers``, ``.likelihood``, ``num_data`` and ``example_args()``.

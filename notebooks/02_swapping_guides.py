@@ -23,7 +23,7 @@
 # | `MeanField` | a Gaussian `q(u)` per layer, collapsed estimator (Salimbeni and Deisenroth 2017) |
 # | `Coupled` | one Gaussian over all layers (Ustyuzhaninov et al. 2020) |
 # | `Chain` | `q(u1) q(u2 \| u1)` (Ustyuzhaninov et al. 2020) |
-# | `complete(AutoMultivariateNormal(...))` | a Pyro autoguide over the inducing outputs |
+# | `complete(AutoMultivariateNormal, model)` | a Pyro autoguide over the inducing outputs |
 # | `SemiImplicit` | a neural mixture per layer (Molchanova et al. 2019) |
 # | `Amortized` | per-point inducing points from an encoder (Meng and Zhang 2024) |
 #
@@ -82,7 +82,7 @@ GUIDES = {
     "MeanField": dgp.guides.MeanField,
     "Coupled": dgp.guides.Coupled,
     "Chain": dgp.guides.Chain,
-    "AutoMVN": lambda m: dgp.complete(AutoMultivariateNormal(dgp.inducing_only(m)), m),
+    "AutoMVN": lambda m: dgp.complete(AutoMultivariateNormal, m),
     "SemiImplicit": lambda m: dgp.guides.SemiImplicit(m, num_mixing=20, noise_dim=10,
                                                       hidden=(32, 32)),
 }

@@ -50,12 +50,12 @@ print(f"{data.name}: {data.num_train} training and {data.num_test} test points, 
 # ## Two fits: the ELBO and alpha = 0.5
 #
 # The same model, built twice from the same seed. The alpha objective estimates
-# `log E_q p(y_n | f)^a` per point from `num_samples` draws of the last layer's Gaussian
+# `log E_q p(y_n | f)^a` per point from `num_particles` draws of the last layer's Gaussian
 # (closed form for a Gaussian likelihood given each draw).
 
 # %%
 objectives = {"ELBO": {"objective": "elbo"},
-              "alpha = 0.5": {"objective": "alpha", "alpha": 0.5, "num_samples": 10}}
+              "alpha = 0.5": {"objective": "alpha", "alpha": 0.5, "num_particles": 10}}
 fits = {}
 for name, options in objectives.items():
     model = dgp.DeepGP.regression(data.X_train, data.y_train, num_layers=2, num_inducing=M)

@@ -7,6 +7,7 @@
 """
 
 from . import datasets, diagnostics, guides, kernels, likelihoods
+from .deprecation import PyroDGPDeprecationWarning, warn_renamed
 from .diagnostics import (
     GuideComparisonWarning,
     compare_guides,
@@ -24,11 +25,11 @@ from .infer import (
     StepInfo,
     TrainingDivergedError,
     TrainingInstabilityWarning,
+    evaluate_elbo,
     fit,
     importance,
     importance_weights,
 )
-from .infer import evaluate_elbo as elbo
 from .infer.amortized import AmortizedELBO
 from .linalg import CholeskyError, NumericalWarning
 from .prediction import DrawMixturePredictive, MixturePredictive, metrics, predict
@@ -41,7 +42,7 @@ __all__ = [
     "GuideComparisonWarning",
     "compare_guides",
     "diagnostics",
-    "elbo",
+    "evaluate_elbo",
     "layer_summary",
     "load_datatree",
     "plot_diagnostics",
@@ -55,6 +56,7 @@ __all__ = [
     "GPLayer",
     "MixturePredictive",
     "NumericalWarning",
+    "PyroDGPDeprecationWarning",
     "StepInfo",
     "TrainingDivergedError",
     "TrainingInstabilityWarning",
@@ -70,3 +72,12 @@ __all__ = [
     "metrics",
     "predict",
 ]
+
+
+def __getattr__(name: str):
+    # ``pyro_dgp.elbo``, the old name of :func:`evaluate_elbo` (an ELBO's value, not one of the
+    # ELBO classes of ``pyro_dgp.infer``)
+    if name == "elbo":
+        warn_renamed("pyro_dgp.elbo", "pyro_dgp.evaluate_elbo")
+        return evaluate_elbo
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 
+from .deprecation import keyword_renamer
+
 __all__ = ["unwrap_trace_error", "user_errors_first"]
 
 _SHAPES = "Trace Shapes:"
@@ -33,12 +35,21 @@ def unwrap_trace_error(err: BaseException) -> BaseException:
     return err
 
 
-def user_errors_first(fn):
+def user_errors_first(fn=None, *, renamed: dict[str, str] | None = None):
     """Decorate a public entry point so that an error raised inside a Pyro trace reaches the
-    caller as the original exception (:func:`unwrap_trace_error`)."""
+    caller as the original exception (:func:`unwrap_trace_error`).
+
+    :param renamed: ``{old: new}`` keywords renamed (:func:`~pyro_dgp.deprecation.
+        keyword_renamer`), in the same wrapper: the entry point's warnings keep their
+        ``stacklevel``. ``@user_errors_first(renamed={...})``."""
+    if fn is None:
+        return functools.partial(user_errors_first, renamed=renamed)
+    rename = keyword_renamer(fn, fn.__name__, renamed) if renamed else None
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        if rename is not None:
+            kwargs = rename(args, kwargs)
         try:
             return fn(*args, **kwargs)
         except (ValueError, RuntimeError) as err:

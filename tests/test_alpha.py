@@ -47,10 +47,10 @@ def test_alpha_to_zero_is_the_elbo_of_the_same_guide(name):
     model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=5)
     guide = _guide(name, model)
     dgp.fit(model, guide, X, y, num_steps=40, progress=False, final_elbo_particles=0)
-    objective = LocalAlpha(alpha=1e-6, num_samples=50)
+    objective = LocalAlpha(alpha=1e-6, num_particles=50)
     with torch.no_grad():
         values = [-float(objective.differentiable_loss(model, guide, X, y)) for _ in range(20)]
-    estimate = dgp.elbo(model, guide, X, y, num_particles=400, seed=1)
+    estimate = dgp.evaluate_elbo(model, guide, X, y, num_particles=400, seed=1)
     se = math.hypot(statistics.stdev(values) / math.sqrt(len(values)), estimate.stderr)
     assert abs(statistics.mean(values) - estimate.value) < 4 * se + 1e-6 * abs(estimate.value)
 
@@ -81,7 +81,7 @@ def test_alpha_one_one_layer_gaussian_is_the_predictive_log_density_minus_kl():
             torch.distributions.MultivariateNormal(m, S),
             torch.distributions.MultivariateNormal(torch.zeros(5, dtype=DT),
                                                    torch.eye(5, dtype=DT)))
-        value = -LocalAlpha(alpha=1.0, num_samples=7).differentiable_loss(model, guide, X, y)
+        value = -LocalAlpha(alpha=1.0, num_particles=7).differentiable_loss(model, guide, X, y)
     assert float(value) == pytest.approx(float(data - kl), rel=1e-10)
 
 
@@ -126,7 +126,7 @@ def test_gradients_are_finite_in_float32_with_100_draws(alpha):
     model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=8)
     guide = dgp.guides.MeanField(model)
     guide(X, y)
-    loss = LocalAlpha(alpha, num_samples=100).differentiable_loss(model, guide, X, y)
+    loss = LocalAlpha(alpha, num_particles=100).differentiable_loss(model, guide, X, y)
     loss.backward()
     grads = [p.grad for m in (model, guide) for p in m.parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(g).all() for g in grads)
@@ -139,10 +139,10 @@ def test_fit_and_plain_svi_train_with_it_and_say_loss_not_elbo(capsys):
     model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=5)
     guide = dgp.guides.MeanField(model)
     result = dgp.fit(model, guide, X, y, num_steps=30, objective="alpha", alpha=1.0,
-                     num_samples=5, progress=False)
+                     num_particles=5, progress=False)
     assert math.isfinite(result.final_elbo) and result.losses[-1] < result.losses[0]
     capsys.readouterr()
-    dgp.fit(model, guide, X, y, num_steps=12, objective="alpha", num_samples=2, progress=True,
+    dgp.fit(model, guide, X, y, num_steps=12, objective="alpha", num_particles=2, progress=True,
             final_elbo_particles=0)
     bar = capsys.readouterr().err
     assert "loss=" in bar and "elbo=" not in bar
@@ -157,8 +157,8 @@ def test_bad_arguments_name_the_problem():
     for bad in (True, "0.5", None):
         with pytest.raises(TypeError, match="alpha must be a number"):
             LocalAlpha(alpha=bad)
-    with pytest.raises(ValueError, match="num_samples"):
-        LocalAlpha(0.5, num_samples=0)
+    with pytest.raises(ValueError, match="num_particles"):
+        LocalAlpha(0.5, num_particles=0)
     X, y = _data()
     model = dgp.DeepGP.regression(X, y, num_layers=1, num_inducing=5)
     with pytest.raises(ValueError, match=r"alpha must lie in \(0, 1\]"):

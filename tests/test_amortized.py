@@ -352,7 +352,7 @@ def test_ar2pp_with_uniform_weights_is_the_alpha_one_objective():
     model, guide, X, y = _perturbed_two_layer("AR2PP", S, 5, seed=5)
     # uniform weights: systematic resampling under the alpha plate takes every node once
     ours = dgp.AmortizedELBO().loss(model, guide, X, y)
-    alpha_one = LocalAlpha(alpha=1.0, num_samples=S).loss(model, guide, X, y)
+    alpha_one = LocalAlpha(alpha=1.0, num_particles=S).loss(model, guide, X, y)
     assert ours == pytest.approx(alpha_one, abs=1e-9)
     assert dgp.AmortizedELBO(predictive=False).loss(model, guide, X, y) > ours
 
@@ -683,7 +683,7 @@ def test_predict_of_ar2p_is_its_weighted_node_mixture_exactly():
     pred = dgp.predict(model, guide, X, num_samples=100, seed=1)
     assert pred.loc.shape == (S, N)
     torch.testing.assert_close(pred.weights[:, 0], guide.path_weights().detach())
-    again = dgp.predict(model, guide, X, num_samples=3, seed=2, batch_size=4)
+    again = dgp.predict(model, guide, X, num_samples=3, seed=2, chunk_rows=4)
     torch.testing.assert_close(again.log_prob(y), pred.log_prob(y), rtol=1e-13, atol=0)
     with torch.no_grad():
         one = -dgp.AmortizedELBO(predictive=True, beta=1.0).loss(model, guide, X, y)

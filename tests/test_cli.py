@@ -31,7 +31,7 @@ def test_demo_runs_and_writes_results(tmp_path, capsys):
 @needs_boston
 def test_fit_then_evaluate_reproduces_the_numbers(tmp_path, capsys):
     args = ["fit", "--data", "boston", "--data-dir", str(DATA), "--layers", "2",
-            "--inducing", "10", "--steps", "20", "--batch-size", "64", "--samples", "5",
+            "--num-inducing", "10", "--steps", "20", "--batch-size", "64", "--samples", "5",
             "--output", str(tmp_path), "--quiet"]
     assert main(args) == 0
     fitted = json.loads((tmp_path / "metrics.json").read_text())
@@ -53,7 +53,7 @@ def test_bench_uci_from_the_command_line(tmp_path, capsys):
     import uci
 
     assert uci.main(["--datasets", "boston", "--layers", "2", "--splits", "1",
-                 "--steps", "3", "--samples", "3", "--inducing", "5", "--data-dir", str(DATA),
+                 "--steps", "3", "--samples", "3", "--num-inducing", "5", "--data-dir", str(DATA),
                  "--out", str(out), "--checkpoint-dir", str(tmp_path / "ck"), "--quiet"]) == 0
     assert len(out.read_text().splitlines()) == 1
 
@@ -97,7 +97,7 @@ def test_fit_with_a_csv_and_a_bad_target_names_the_column(tmp_path, capsys):
     assert code == 2
     assert "nope" in capsys.readouterr().err
     assert main(["fit", "--data", str(csv), "--target", "target", "--steps", "5",
-                 "--inducing", "5", "--samples", "3", "--output", str(tmp_path / "o"),
+                 "--num-inducing", "5", "--samples", "3", "--output", str(tmp_path / "o"),
                  "--quiet"]) == 0
 
 
@@ -172,7 +172,7 @@ def _fit_then_evaluate(fit_args, eval_args, output, capsys):
 def test_evaluate_reproduces_a_float32_seeded_uci_fit(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("PYRO_DGP_DATA", raising=False)  # the saved data_dir must suffice
     fit_args = ["--data", "yacht", "--data-dir", str(DATA), "--dtype", "float32", "--seed", "5",
-                "--split", "3", "--layers", "2", "--inducing", "5", "--steps", "10",
+                "--split", "3", "--layers", "2", "--num-inducing", "5", "--steps", "10",
                 "--samples", "5"]
     fitted, evaluated = _fit_then_evaluate(fit_args, [], tmp_path, capsys)
     for k in _METRICS:
@@ -204,7 +204,7 @@ def test_evaluate_reproduces_a_float32_seeded_csv_fit_without_target(tmp_path, c
     csv = _write_csv(tmp_path / "d.csv")
     monkeypatch.chdir(tmp_path)  # a relative path in --data is saved as an absolute one
     fit_args = ["--data", "d.csv", "--target", "target", "--dtype", "float32", "--seed", "5",
-                "--inducing", "5", "--steps", "10", "--samples", "5"]
+                "--num-inducing", "5", "--steps", "10", "--samples", "5"]
     fitted, evaluated = _fit_then_evaluate(fit_args, [], tmp_path / "o", capsys)
     for k in _METRICS:
         assert evaluated[k] == fitted[k], k
@@ -228,7 +228,7 @@ def test_evaluate_reproduces_a_float32_seeded_csv_fit_without_target(tmp_path, c
 def test_evaluate_still_reads_a_fit_saved_without_the_data_settings(tmp_path, capsys):
     """Fits saved before the data settings were recorded split a CSV file with their seed."""
     csv = _write_csv(tmp_path / "d.csv")
-    fit_args = ["--data", str(csv), "--target", "target", "--seed", "3", "--inducing", "5",
+    fit_args = ["--data", str(csv), "--target", "target", "--seed", "3", "--num-inducing", "5",
                 "--steps", "5", "--samples", "4"]
     assert main(["fit", *fit_args, "--output", str(tmp_path), "--quiet"]) == 0
     fitted = json.loads((tmp_path / "metrics.json").read_text())
@@ -258,7 +258,7 @@ def test_classification_csv_keeps_its_labels(tmp_path, capsys):
     csv = tmp_path / "c.csv"
     csv.write_text("a,b,label\n" + "\n".join(rows) + "\n")
     fit_args = ["--data", str(csv), "--target", "label", "--classification", "--layers", "1",
-                "--inducing", "6", "--steps", "200", "--lr", "0.05", "--samples", "10",
+                "--num-inducing", "6", "--steps", "200", "--lr", "0.05", "--samples", "10",
                 "--test-fraction", "0.25"]
     fitted, evaluated = _fit_then_evaluate(fit_args, [], tmp_path / "o", capsys)
     assert fitted["accuracy"] >= 0.9
@@ -297,11 +297,11 @@ def test_every_option_has_help_and_shows_its_default():
 
 
 def test_fit_says_what_it_clamped_and_where_it_wrote(tmp_path, capsys):
-    code = main(["fit", "--data", "step", "--inducing", "500", "--batch-size", "100000",
+    code = main(["fit", "--data", "step", "--num-inducing", "500", "--batch-size", "100000",
                  "--steps", "2", "--samples", "3", "--output", str(tmp_path), "--quiet"])
     assert code == 0
     captured = capsys.readouterr()
-    assert "--inducing 500 is more than the" in captured.err and "using M =" in captured.err
+    assert "--num-inducing 500 is more than the" in captured.err and "using M =" in captured.err
     assert "--batch-size 100000 covers all" in captured.err and "full-batch" in captured.err
     assert f"wrote the fit to {tmp_path / 'fit.pt'}" in captured.out
     assert str(tmp_path / "metrics.json") in captured.out
@@ -326,7 +326,7 @@ def test_threads_option_sets_torchs_threads_during_the_fit(tmp_path, monkeypatch
     monkeypatch.setattr(cli, "fit", recording_fit)
     before = torch.get_num_threads()
     for threads, expected in ((["--threads", "2"], 2), ([], 1)):  # default: small -> one
-        assert main(["fit", "--data", "step", "--inducing", "5", "--steps", "1", "--samples",
+        assert main(["fit", "--data", "step", "--num-inducing", "5", "--steps", "1", "--samples",
                      "2", "--output", str(tmp_path), "--quiet", *threads]) == 0
         assert seen[-1] == (expected, expected)
         assert torch.get_num_threads() == before
@@ -346,7 +346,7 @@ def _recording_fit(monkeypatch):
     return calls
 
 
-_TINY = ["--data", "step", "--inducing", "5", "--steps", "3", "--samples", "3", "--quiet"]
+_TINY = ["--data", "step", "--num-inducing", "5", "--steps", "3", "--samples", "3", "--quiet"]
 
 
 def test_fit_trains_the_alpha_objective_with_the_alpha_given(tmp_path, monkeypatch, capsys):
@@ -369,7 +369,7 @@ def test_fit_takes_natural_gradient_steps_warmed_up_to_gamma(tmp_path, monkeypat
 
 def test_evaluate_plots_what_applies_to_two_inputs_and_says_what_it_skipped(tmp_path, capsys):
     csv = _write_csv(tmp_path / "d.csv")
-    assert main(["fit", "--data", str(csv), "--target", "target", "--inducing", "4", "--steps",
+    assert main(["fit", "--data", str(csv), "--target", "target", "--num-inducing", "4", "--steps",
                  "2", "--samples", "2", "--output", str(tmp_path / "o"), "--quiet"]) == 0
     capsys.readouterr()
     plots = tmp_path / "p"

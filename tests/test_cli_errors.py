@@ -21,7 +21,7 @@ def _csv(path):
 def fitted(tmp_path, capsys):
     """A fit of a CSV file with 2 inputs: ``(folder, csv)``."""
     csv = _csv(tmp_path / "d.csv")
-    assert main(["fit", "--data", str(csv), "--target", "target", "--inducing", "4",
+    assert main(["fit", "--data", str(csv), "--target", "target", "--num-inducing", "4",
                  "--steps", "2", "--samples", "2", "--output", str(tmp_path / "o"),
                  "--quiet"]) == 0
     capsys.readouterr()
@@ -102,7 +102,7 @@ def test_each_option_shows_one_default(name):
         assert helps["--device"].endswith("(default: cpu)")
 
 
-_TINY = ["--data", "step", "--inducing", "5", "--steps", "2", "--samples", "2", "--quiet"]
+_TINY = ["--data", "step", "--num-inducing", "5", "--steps", "2", "--samples", "2", "--quiet"]
 
 
 def test_alpha_without_the_alpha_objective_is_refused(tmp_path, capsys):

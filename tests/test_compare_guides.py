@@ -270,7 +270,7 @@ def test_end_to_end_on_the_step_data_agrees_with_predict():
         dgp.fit(model, guide, X, y, num_steps=40, lr=0.03, progress=False, seed=0)
         dts[name] = dgp.to_datatree(model, guide, X, y, num_samples=S, seed=1)
         held[name] = dgp.to_datatree(model, guide, Xt, yt, num_samples=S, seed=1)
-        elbos[name] = dgp.elbo(model, guide, X, y, num_particles=4, seed=0)
+        elbos[name] = dgp.evaluate_elbo(model, guide, X, y, num_particles=4, seed=0)
         pred = dgp.predict(model, guide, Xt, num_samples=S, seed=1)
         sc = predictive_scores(held[name])
         assert float(pred.log_prob(yt).sum()) == pytest.approx(sc.lpd.sum(), rel=1e-8)

@@ -141,7 +141,7 @@ def test_natural_gradients_and_locations_model_on_cuda(dtype):
     assert loc.device.type == "cuda" and loc.dtype == dtype
     pyro.clear_param_store()
     model = dgp.DeepGP.regression(data.X_train, data.y_train, num_layers=2, num_inducing=8,
-                                  inducing="locations")
+                                  inducing_scheme="propagated")
     guide = dgp.guides.MeanField(model)
     dgp.fit(model, guide, data.X_train, data.y_train, num_steps=5, progress=False,
             final_elbo_particles=0)

@@ -49,7 +49,7 @@ def test_collapse_indicator_meanfield_vs_joint_guide():
     ratios = {}
     for kind in ("meanfield", "automvn"):
         model, guide, X, y = _toy_fit(kind)
-        table = layer_summary(model, guide, X, num_samples=100, seed=1)
+        table = layer_summary(to_datatree(model, guide, X, num_samples=100, seed=1))
         print(kind, table.to_string(), sep="\n")
         ratios[kind] = table.loc["layer1", "var_ratio"]
         assert table.loc["layer1", "kl"] > 0 and np.isfinite(table.loc["layer2", "kl"])
@@ -321,7 +321,7 @@ def test_layer_summary_prints_every_column():
     import pandas as pd
 
     model, guide, X, y = _toy_fit("meanfield", steps=3)
-    table = layer_summary(model, guide, X, num_samples=5)
+    table = layer_summary(to_datatree(model, guide, X, num_samples=5))
     with pd.option_context("display.max_columns", 3, "display.width", 40):
         text = repr(table)
         assert "..." not in text

@@ -395,7 +395,8 @@ def _model_and_guides(kind):
     X = torch.linspace(-2, 2, N, dtype=DT).unsqueeze(-1)
     y = torch.sin(3 * X.squeeze(-1)) + 0.05 * torch.randn(N, dtype=DT)
     if kind == "locations":
-        model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6, inducing="locations")
+        model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6,
+                                      inducing_scheme="propagated")
     else:
         layers = 3 if kind == "three-layer" else 2
         model = dgp.DeepGP.regression(X, y, num_layers=layers, num_inducing=6, hidden_dim=2)

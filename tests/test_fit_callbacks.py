@@ -185,7 +185,7 @@ def test_the_validation_loss_is_the_objective_per_point_on_held_out_data(step):
     result = dgp.fit(model, guide, X, y, num_steps=20, validation=(X, y), validate_every=5,
                      progress=False)
     assert [s for s, _ in result.validation] == [5, 10, 15, 20]
-    elbo = dgp.elbo(model, guide, X, y, num_particles=1).value
+    elbo = dgp.evaluate_elbo(model, guide, X, y, num_particles=1).value
     assert result.best_validation == pytest.approx(-elbo / len(y), rel=1e-10)
     assert result.final_elbo == pytest.approx(elbo, rel=1e-10)
     model, guide = _small(step, layers=1)  # NumPy validation data: the same scores

@@ -258,6 +258,6 @@ def test_bad_input_is_named():
         gold.predictive_distance(weighted, _gaussian(0.0, 1.0))
     data = dgp.datasets.compositional_toy(n_train=10)
     locations = dgp.DeepGP.regression(data.X_train, data.y_train, num_inducing=4,
-                                      inducing="locations")
+                                      inducing_scheme="propagated")
     with pytest.raises(ValueError, match="fixed inducing inputs"):
         gold.run_nuts(locations, data.X_train, data.y_train)

@@ -58,8 +58,10 @@ def _numbers(variant: str, guide_name: str) -> dict:
         model = dgp.gp.avdgp_regression(X, y, hidden_dims=(1,), num_inducing=4, seed=0,
                                         kl_weight="one")
     else:
-        model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=8, inducing=variant,
-                                      seed=0)
+        # the variants' names are the recorded numbers' keys (the schemes' old names)
+        scheme = {"fixed": "per-layer", "locations": "propagated"}[variant]
+        model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=8,
+                                      inducing_scheme=scheme, seed=0)
     guide = make_guide(guide_name, model)
     # plain SGD: Adam divides each step by the root of its running squared gradient, so a
     # parameter whose gradient is small turns round-off into a step of size lr; over 50 steps
@@ -68,7 +70,7 @@ def _numbers(variant: str, guide_name: str) -> dict:
     result = dgp.fit(model, guide, X, y, num_steps=NUM_STEPS[variant], lr=0.002, seed=0,
                      optimizer=torch.optim.SGD, progress=False, lr_schedule="constant")
     pred = dgp.predict(model, guide, data.X_test, num_samples=20, seed=3)
-    summary = dgp.layer_summary(model, guide, X, num_samples=20, seed=4)
+    summary = dgp.layer_summary(dgp.to_datatree(model, guide, X, num_samples=20, seed=4))
     out = {
         "loss_step_1": result.losses[0],
         "loss_last_step": result.losses[-1],

@@ -76,7 +76,7 @@ def test_every_family_set_to_a_chosen_gaussian_gives_the_closed_form_svgp_elbo(n
     torch.testing.assert_close(got.covariance_matrix, q.covariance_matrix)
     L = torch.linalg.cholesky(q.covariance_matrix)
     exact = _dense_svgp_elbo(model, X, y, q.loc.unsqueeze(0), L.unsqueeze(0))
-    estimate = dgp.elbo(model, guide, X, y, num_particles=4 if name in EXACT else 400)
+    estimate = dgp.evaluate_elbo(model, guide, X, y, num_particles=4 if name in EXACT else 400)
     if name in EXACT:
         assert estimate.value == pytest.approx(exact, rel=1e-8)
         assert estimate.stderr < 1e-8 * abs(exact)
@@ -172,8 +172,8 @@ def test_fit_reports_the_elbo_at_the_final_parameters():
     assert math.isfinite(result.final_elbo_stderr)
 
 
-@pytest.mark.parametrize("entry", ["fit", "predict", "to_datatree", "layer_summary",
-                                   "variational_pareto_k", "layer_kl"])
+@pytest.mark.parametrize("entry", ["fit", "predict", "to_datatree", "variational_pareto_k",
+                                   "layer_kl"])
 def test_a_guide_of_another_model_is_refused_naming_both(entry):
     X = torch.linspace(-1, 1, 12, dtype=DT).unsqueeze(-1)
     y = torch.sin(3 * X[:, 0])
@@ -184,7 +184,6 @@ def test_a_guide_of_another_model_is_refused_naming_both(entry):
         "fit": lambda: dgp.fit(model, guide, X, y, num_steps=1, progress=False),
         "predict": lambda: dgp.predict(model, guide, X, num_samples=2),
         "to_datatree": lambda: dgp.to_datatree(model, guide, X, y, num_samples=2),
-        "layer_summary": lambda: dgp.layer_summary(model, guide, X, num_samples=2),
         "variational_pareto_k": lambda: dgp.variational_pareto_k(model, guide, X, y,
                                                                  num_samples=10),
         "layer_kl": lambda: dgp.diagnostics.layer_kl(model, guide, X),

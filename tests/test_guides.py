@@ -298,7 +298,8 @@ def test_every_guide_trains_at_every_depth_with_every_likelihood(name, num_layer
                  marks=[pytest.mark.slow] if name in ("sivi", "ssivi-tril") else [])
     for name in sorted(GUIDES) for L in (2, 3)])
 def test_every_guide_trains_on_the_locations_model_or_refuses_it(name, num_layers):
-    """inducing='locations': MeanField, the completed autoguides and the semi-implicit guides
+    """inducing_scheme='propagated': MeanField, the completed autoguides and the semi-implicit
+    guides
     train (``sivi`` and ``ssivi-tril``, which differ from ``ssivi`` only in their bound and
     components, with ``-m slow``); the
     joint guides, whose closed-form KL assumes layer-wise Gaussian priors, refuse
@@ -308,14 +309,14 @@ def test_every_guide_trains_on_the_locations_model_or_refuses_it(name, num_layer
     y = torch.sin(3 * X.squeeze(-1))
     pyro.set_rng_seed(0)
     model = dgp.DeepGP.regression(X, y, num_layers=num_layers, num_inducing=5, hidden_dim=1,
-                                  inducing="locations")
+                                  inducing_scheme="propagated")
     if name in LOCAL_INDUCING_GUIDES:
         with pytest.raises(ValueError, match="needs a model of AmortizedGPLayers"):
             make_guide(name, model)
         return
     guide = make_guide(name, model)
     if name.startswith(("coupled", "chain")):
-        with pytest.raises(ValueError, match="inducing='locations'.*Use MeanField"):
+        with pytest.raises(ValueError, match="inducing_scheme='propagated'.*Use MeanField"):
             dgp.fit(model, guide, X, y, num_steps=1, progress=False)
         return
     r = dgp.fit(model, guide, X, y, num_steps=3, batch_size=16, progress=False)

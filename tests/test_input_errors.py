@@ -378,7 +378,7 @@ def test_error_inside_a_trace_reaches_the_user_unwrapped(entry):
         if entry == "fit":
             dgp.fit(model, guide, X, y, num_steps=2, progress=False)
         elif entry == "elbo":
-            dgp.elbo(model, guide, X, y, num_particles=2)
+            dgp.evaluate_elbo(model, guide, X, y, num_particles=2)
         else:
             dgp.to_datatree(model, guide, X, y, num_samples=3, seed=0)
     message = str(err.value)

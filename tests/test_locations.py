@@ -49,9 +49,9 @@ def test_function_value_layer_elbo_is_the_closed_form():
 
 def test_second_layer_prior_is_conditioned_on_the_first_layers_values():
     X, y = _data()
-    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6, inducing="locations",
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6, inducing_scheme="propagated",
                                   whiten=False)
-    assert model.inducing == "locations"
+    assert model.inducing_scheme == "propagated"
     assert all(not layer.whiten and layer.function_values for layer in model.layers)
     trace = poutine.trace(model).get_trace(X)
     trace.compute_log_prob()
@@ -68,7 +68,7 @@ def test_second_layer_prior_is_conditioned_on_the_first_layers_values():
 
 def test_inner_layers_are_drawn_given_their_sampled_u(monkeypatch):
     X, y = _data()
-    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6, inducing="locations")
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6, inducing_scheme="propagated")
     guide = dgp.guides.MeanField(model, collapsed=True)
     guide(X, y)
     calls = []
@@ -87,14 +87,14 @@ def test_inner_layers_are_drawn_given_their_sampled_u(monkeypatch):
 def test_locations_model_trains_and_joint_guides_refuse_it():
     d = dgp.datasets.compositional_toy(n_train=40)
     model = dgp.DeepGP.regression(d.X_train, d.y_train, num_layers=2, num_inducing=10,
-                                  inducing="locations")
+                                  inducing_scheme="propagated")
     guide = dgp.guides.MeanField(model)
     r = dgp.fit(model, guide, d.X_train, d.y_train, num_steps=200, lr=0.02, progress=False)
     assert r.losses[-1] < r.losses[0]
     pred = dgp.predict(model, guide, d.X_test, num_samples=20)
     assert torch.isfinite(pred.log_prob(d.y_test)).all()
     for Guide in (dgp.guides.Coupled, dgp.guides.Chain):
-        with pytest.raises(ValueError, match="inducing='locations'"):
+        with pytest.raises(ValueError, match="inducing_scheme='propagated'"):
             Guide(model)(d.X_train, d.y_train)
 
 
@@ -110,15 +110,16 @@ def test_locations_needs_unwhitened_function_value_layers():
     for a, b in ((dict(whiten=False), dict(whiten=False)), (dict(whiten=True), values),
                  (values, dict(whiten=False))):
         with pytest.raises(ValueError, match="function_values=True"):
-            dgp.DeepGP([layer(**a), layer(**b)], Gaussian(), inducing="locations")
+            dgp.DeepGP([layer(**a), layer(**b)], Gaussian(), inducing_scheme="propagated")
     for last in (values, dict(whiten=True)):
-        dgp.DeepGP([layer(**values), layer(**last)], Gaussian(), inducing="locations")
+        dgp.DeepGP([layer(**values), layer(**last)], Gaussian(), inducing_scheme="propagated")
     with pytest.raises(ValueError, match="random inducing inputs need"):
         with layer(whiten=False).given_inducing_inputs(torch.zeros(3, 1)):
             pass
     X, y = _data()
     for whiten in (True, False):
-        model = dgp.DeepGP.regression(X, y, num_inducing=5, inducing="locations", whiten=whiten)
+        model = dgp.DeepGP.regression(X, y, num_inducing=5, inducing_scheme="propagated",
+                                      whiten=whiten)
         assert [(lay.whiten, lay.function_values) for lay in model.layers] == [
             (False, True), (whiten, not whiten)]
 
@@ -128,8 +129,9 @@ def test_whitened_last_layer_is_the_non_centred_parameterisation():
     the centred model's q(f^z_2) = N(mu(m1) + R m, (R L)(R L)^T), R R^T = K(m1): the same
     ELBO (same draws), and its KL is KL(q(v) || N(0, I)) in closed form."""
     X, y = _data()
-    models = {w: dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6, inducing="locations",
-                                       whiten=w) for w in (True, False)}
+    models = {w: dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6,
+                                       inducing_scheme="propagated", whiten=w)
+              for w in (True, False)}
     g = torch.Generator().manual_seed(4)
     m1 = torch.linspace(-1.2, 1.1, 6, dtype=DT).unsqueeze(0) + 0.05 * torch.randn(
         1, 6, generator=g, dtype=DT)
@@ -179,7 +181,7 @@ def test_unwhitened_inner_layer_starts_at_the_whitened_kl():
 def _locations_model():
     """Centred (seed 003 as published): both layers hold f(Z)."""
     X, y = _data()
-    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6, inducing="locations",
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6, inducing_scheme="propagated",
                                   whiten=False)
     return model, X, y
 
@@ -306,7 +308,7 @@ def test_three_layer_locations_model_trains_and_predicts(whiten):
     centred or whitened: the loss falls and the predictive is finite."""
     d = dgp.datasets.compositional_toy(n_train=30)
     model = dgp.DeepGP.regression(d.X_train, d.y_train, num_layers=3, hidden_dim=1,
-                                  num_inducing=6, inducing="locations", whiten=whiten)
+                                  num_inducing=6, inducing_scheme="propagated", whiten=whiten)
     assert [(lay.whiten, lay.function_values) for lay in model.layers] == [
         (False, True), (False, True), (whiten, not whiten)]
     guide = dgp.guides.MeanField(model)

@@ -354,7 +354,7 @@ def test_bayesian_noise_reaches_the_predictive_and_the_pointwise_log_likelihood(
     data = dgp.datasets.step(n_train=30, n_test=20, seed=1)
     X, y = data.X_train, data.y_train
     model, guide = bayesian_noise_model(X, y, init_scale=0.05)
-    pred = dgp.predict(model, guide, data.X_test, num_samples=50, batch_size=7, seed=0)
+    pred = dgp.predict(model, guide, data.X_test, num_samples=50, chunk_rows=7, seed=0)
     noise = pred.hyperparameters["variance"]  # (S, N): one draw per row and chunk of points
     assert noise.shape == (50, 20)
     assert all(bool((c == c[:, :1]).all()) for c in noise.split(7, -1))

@@ -34,8 +34,9 @@ GUIDES = {
 }
 
 
-def _model(X, y, inducing="fixed"):
-    return dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=4, inducing=inducing)
+def _model(X, y, inducing_scheme="per-layer"):
+    return dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=4,
+                                  inducing_scheme=inducing_scheme)
 
 
 def _train(model, guide, X, y, steps):
@@ -62,21 +63,21 @@ def _round_trips():
 
 
 # ------------------------------------------------------------------- copies (review item 3)
-@pytest.mark.parametrize("inducing, gname", [
-    *[("fixed", g) for g in GUIDES],
-    ("locations", "meanfield"),
-    ("locations", "autonormal"),
+@pytest.mark.parametrize("inducing_scheme, gname", [
+    *[("per-layer", g) for g in GUIDES],
+    ("propagated", "meanfield"),
+    ("propagated", "autonormal"),
 ])
 def test_trained_model_and_guide_copy_pickle_and_save_to_the_same_predictions(
-        data, inducing, gname):
+        data, inducing_scheme, gname):
     """After training, the guides' (and the locations model's) per-run caches held the last
     step's autograd graph: deepcopy, pickle and torch.save of (model, guide) failed."""
     X, y, Xt = data
-    model = _model(X, y, inducing)
+    model = _model(X, y, inducing_scheme)
     guide = GUIDES[gname](model)
     _train(model, guide, X, y, 2)
     # straight after a training step (a later no-grad run, e.g. predict, replaces the caches)
-    copy.deepcopy(model)  # the model alone too (inducing="locations" held f(Z))
+    copy.deepcopy(model)  # the model alone too (inducing_scheme="propagated" held f(Z))
     copies = {how: round_trip((model, guide)) for how, round_trip in _round_trips().items()}
     expected = _loc(model, guide, Xt)
     for how, (m2, g2) in copies.items():

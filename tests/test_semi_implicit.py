@@ -226,8 +226,8 @@ def test_constant_mixing_elbo_equals_the_meanfield_elbo(component_scale):
             net.body[-1].bias.copy_(torch.cat([loc, scale.expm1().log()]))
         blocks = T * scale.reshape(D, 1, M)
         mf.set_q(dist.MultivariateNormal(loc, scale_tril=torch.block_diag(*blocks)), layer=name)
-    a = dgp.elbo(model, si, X, y, num_particles=200, seed=1)
-    b = dgp.elbo(model, mf, X, y, num_particles=50, seed=2)
+    a = dgp.evaluate_elbo(model, si, X, y, num_particles=200, seed=1)
+    b = dgp.evaluate_elbo(model, mf, X, y, num_particles=50, seed=2)
     assert math.isfinite(a.value) and math.isfinite(b.value)
     assert abs(a.value - b.value) < 4 * math.hypot(a.stderr, b.stderr) + 1e-9, (a, b)
     assert a.stderr < 1.0  # fine enough to see a missing log(K + 1) per layer (2 log 11)
@@ -297,9 +297,9 @@ def test_collapsed_and_sampled_last_layer_have_the_same_elbo_with_mixing(compone
     # one particle: the mean of 100 draws in one vectorised run
     objective = Trace_ELBO(num_particles=100, vectorize_particles=True, max_plate_nesting=1)
     guide.collapse_last = True
-    a = dgp.elbo(model, guide, X, y, num_particles=20, objective=objective, seed=1)
+    a = dgp.evaluate_elbo(model, guide, X, y, num_particles=20, objective=objective, seed=1)
     guide.collapse_last = False  # the sampled estimator is noisier: twice the draws
-    b = dgp.elbo(model, guide, X, y, num_particles=40, objective=objective, seed=2)
+    b = dgp.evaluate_elbo(model, guide, X, y, num_particles=40, objective=objective, seed=2)
     se = math.hypot(a.stderr, b.stderr)
     assert abs(a.value - b.value) < 4 * se, (a, b)
     # fine enough to see the collapsed marginal without its component's variance

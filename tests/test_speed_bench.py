@@ -126,7 +126,7 @@ def test_gpytorch_computes_our_model_away_from_its_initial_state():
 def test_command_line_table_and_markdown(tmp_path, capsys):
     pytest.importorskip("gpytorch")
     out = tmp_path / "BENCH.md"
-    args = ["--layers", "2", "--inducing", "6", "--batch", "30", "--hidden", "2",
+    args = ["--layers", "2", "--num-inducing", "6", "--batch", "30", "--hidden", "2",
             "--input-dim", "3", "--num-data", "90", "--warmup", "1", "--repeats", "2",
             "--threads", "1", "--append", str(out)]
     assert main(args) == 0
@@ -144,7 +144,7 @@ def test_guides_timing_records_one_line_per_guide(tmp_path, capsys, monkeypatch)
     import json
 
     monkeypatch.setenv("PYRO_DGP_RESULTS_DIR", str(tmp_path))
-    args = ["--guides", "meanfield", "amortized-ar2p", "--layers", "2", "--inducing", "6",
+    args = ["--guides", "meanfield", "amortized-ar2p", "--layers", "2", "--num-inducing", "6",
             "--batch", "30", "--hidden", "2", "--input-dim", "3", "--num-data", "90",
             "--steps", "2", "--threads", "1"]
     assert main(args) == 0

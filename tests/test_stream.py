@@ -249,10 +249,10 @@ def test_each_chunk_draws_from_its_own_seed():
     for (a, _), (b, _) in zip(first, again, strict=True):
         assert torch.equal(a.loc, b.loc)  # reproducible
     for c, (pred, _) in enumerate(first):  # chunk c from (seed, c)
-        own = dgp.predict(model, guide, X[20 * c:20 * (c + 1)], 4, batch_size=20,
+        own = dgp.predict(model, guide, X[20 * c:20 * (c + 1)], 4, chunk_rows=20,
                           seed=step_seed(7, c, 0))
         assert torch.equal(pred.loc, own.loc)
-    other = dgp.predict(model, guide, X[20:40], 4, batch_size=20, seed=step_seed(7, 0, 0))
+    other = dgp.predict(model, guide, X[20:40], 4, chunk_rows=20, seed=step_seed(7, 0, 0))
     assert not torch.equal(first[1][0].loc, other.loc)  # the seed matters
 
 

@@ -96,7 +96,7 @@ def test_full_size_ssivi_with_correlated_components_fits_a_mode_as_meanfield():
     # paper's diagonal components, MeanField -30.2; still one mode (docs/design.md)
     def elbo(make_guide):
         model, guide, X, y = _fit(make_guide, 3000)
-        return dgp.elbo(model, guide, X, y, num_particles=500, seed=1)
+        return dgp.evaluate_elbo(model, guide, X, y, num_particles=500, seed=1)
 
     tril = elbo(lambda m: dgp.guides.SemiImplicit(m, num_mixing=100, component_scale="tril"))
     mf = elbo(lambda m: dgp.guides.MeanField(m, inner_variance=1.0))

@@ -19,6 +19,7 @@ from ..guides.registry import has_local_inducing, make_guide
 from ..infer import distributed
 from ..infer.checkpoint import load_fit, model_from_config, read_fit, save_fit
 from ..infer.natgrad import warmup_gamma
+from ..infer.objectives import default_num_particles
 from ..infer.threads import num_threads, step_work, threads_for
 from ..infer.training import fit
 from ..prediction import predict
@@ -26,7 +27,7 @@ from .data import data_spec, evaluate_settings, load_data
 
 __all__ = ["DEFAULT_INDUCING", "DEFAULT_LAYERS", "cmd_demo", "cmd_evaluate", "cmd_fit", "note"]
 
-#: ``pyro-dgp fit``'s defaults of ``--layers`` and ``--inducing`` (the DSVI model's)
+#: ``pyro-dgp fit``'s defaults of ``--layers`` and ``--num-inducing`` (the DSVI model's)
 DEFAULT_LAYERS, DEFAULT_INDUCING = 2, 100
 
 
@@ -178,12 +179,14 @@ def cmd_fit(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = Path(args.checkpoint) if args.checkpoint else out / "checkpoint.pt"
     B = min(args.batch_size, data.num_train)
-    threads = _threads(args, model, -(-B // world), args.particles)
+    particles = (default_num_particles(args.objective) if args.particles is None
+                 else args.particles)
+    threads = _threads(args, model, -(-B // world), particles)
     if world > 1:
         distributed.init(args.device, timeout=args.timeout)
     with num_threads(threads):
         result = fit(model, guide, data.X_train, data.y_train, num_steps=args.steps,
-                     batch_size=B, lr=args.lr, num_particles=args.particles,
+                     batch_size=B, lr=args.lr, num_particles=particles,
                      seed=args.seed, progress=not args.quiet,
                      checkpoint=checkpoint, resume=args.resume, threads=threads,
                      distributed=world > 1, cuda_graph=args.cuda_graph, **training)
@@ -257,7 +260,8 @@ def _model_config(args, num_train: int) -> dict:
     if args.model == "avdgp":
         unused = [option for option, given in (("--layers", args.layers != DEFAULT_LAYERS),
                                                ("--hidden-dim", args.hidden_dim is not None),
-                                               ("--inducing", args.inducing != DEFAULT_INDUCING))
+                                               ("--num-inducing",
+                                                args.num_inducing != DEFAULT_INDUCING))
                   if given]
         if unused:
             verb = "does" if len(unused) == 1 else "do"
@@ -265,10 +269,10 @@ def _model_config(args, num_train: int) -> dict:
                  f"and Zhang 2024 (widths {PAPER_HIDDEN_DIMS}, M = {PAPER_NUM_INDUCING})")
         cfg = {"architecture": "avdgp", "seed": args.seed}
     else:
-        if args.inducing > num_train:
-            note(f"--inducing {args.inducing} is more than the {num_train} training points: "
-                 f"using M = {num_train} inducing points per layer")
-        cfg = {"num_layers": args.layers, "num_inducing": min(args.inducing, num_train),
+        if args.num_inducing > num_train:
+            note(f"--num-inducing {args.num_inducing} is more than the {num_train} training "
+                 f"points: using M = {num_train} inducing points per layer")
+        cfg = {"num_layers": args.layers, "num_inducing": min(args.num_inducing, num_train),
                "seed": args.seed}
         if args.hidden_dim is not None:
             cfg["hidden_dim"] = args.hidden_dim

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from ..guides.registry import GUIDES
-from .commands import DEFAULT_INDUCING, DEFAULT_LAYERS, cmd_demo, cmd_evaluate, cmd_fit
+from ..infer.objectives import OBJECTIVE_NAMES
+from .commands import DEFAULT_INDUCING, DEFAULT_LAYERS, cmd_demo, cmd_evaluate, cmd_fit, note
 from .data import DEFAULT_TEST_FRACTION, DTYPES, check_device
 
 __all__ = ["build_parser"]
@@ -20,6 +21,33 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if "default" in text or action.default in (None, False, argparse.SUPPRESS):
             return text
         return super()._get_help_string(action)
+
+
+class _RenamedOption(argparse.Action):
+    """An option's old name: stores its value as the new option does, with a note on stderr
+    naming the new one (the old name works for one more release)."""
+
+    def __init__(self, option_strings, dest, new: str, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        note(f"{option_string} is deprecated and will be removed in the next release; use "
+             f"{self.new}")
+        setattr(namespace, self.dest, values)
+
+
+#: the old names of ``--objective``'s values
+_OLD_OBJECTIVES = {"meanfield": "analytic-kl"}
+
+
+def _objective(text: str) -> str:
+    """``--objective``'s value, an old name (``meanfield``) noted and spelled anew."""
+    if text in _OLD_OBJECTIVES:
+        note(f"--objective {text} is deprecated and will be removed in the next release; use "
+             f"--objective {_OLD_OBJECTIVES[text]}")
+        return _OLD_OBJECTIVES[text]
+    return text
 
 
 def _positive_int(text: str) -> int:
@@ -124,20 +152,18 @@ def _add_fit(sub) -> None:
     f.add_argument("--layers", type=_positive_int, default=DEFAULT_LAYERS, help="GP layers")
     f.add_argument("--hidden-dim", type=_positive_int,
                    help="width of the inner layers (default: min(30, input dims))")
-    f.add_argument("--inducing", type=_positive_int, default=DEFAULT_INDUCING,
-                   help="inducing points M per layer (at most the training points)")
+    _num_inducing_args(f)
     f.add_argument("--model", choices=["dsvi", "avdgp"], default="dsvi",
                    help="dsvi: layers with global inducing points (--layers, --hidden-dim, "
-                        "--inducing); avdgp: per-point inducing points, the architecture of "
+                        "--num-inducing); avdgp: per-point inducing points, the architecture of "
                         "Meng and Zhang 2024 (widths 16, 4; M = 8, 4, 4; Matern-5/2), for "
                         "the amortized-* guides")
     f.add_argument("--guide", choices=sorted(GUIDES), default="meanfield",
                    help="variational family (amortized-*: with --model avdgp only)")
-    f.add_argument("--objective", choices=["auto", "elbo", "meanfield", "renyi", "alpha"],
-                   default="auto",
-                   help="auto: the analytic-KL ELBO where the guide factorises like the "
-                        "model, the amortized guides' weighted-path objective for amortized-*, "
-                        "else Trace_ELBO; renyi: RenyiELBO(alpha=0.5), with a guide "
+    f.add_argument("--objective", choices=OBJECTIVE_NAMES, type=_objective, default="auto",
+                   help="auto: the analytic-KL ELBO (analytic-kl) where the guide factorises "
+                        "like the model, the amortized guides' weighted-path objective for "
+                        "amortized-*, else Trace_ELBO; renyi: RenyiELBO(alpha=0.5), with a guide "
                         "that samples u (meanfield-sampled or an auto* guide); alpha: the "
                         "local alpha-divergence objective with --alpha (power EP with tied "
                         "factors; alpha -> 0 is the ELBO, 1 the predictive log-likelihood)")
@@ -149,11 +175,13 @@ def _add_fit(sub) -> None:
                         "Salimbeni, Eleftheriadis and Hensman 2018), Adam for the other "
                         "parameters; guides meanfield, meanfield-sampled, coupled, "
                         "coupled-per-point (default: Adam for all)")
-    f.add_argument("--particles", type=_positive_int, default=1,
-                   help="samples of the objective per step")
+    f.add_argument("--particles", type=_positive_int, default=None,
+                   help="draws of the guide per step and point (fit's num_particles; "
+                        "default: 10 for --objective alpha, else 1)")
     f.add_argument("--steps", type=_positive_int, default=20000, help="SVI steps")
     f.add_argument("--batch-size", type=_positive_int, default=10000,
-                   help="minibatch size B (B >= training points: full batch)")
+                   help="minibatch size B, fit's batch_size (B >= training points: full "
+                        "batch; fit's own default is the full batch)")
     f.add_argument("--lr", type=_positive_float, default=0.01, help="Adam's learning rate")
     f.add_argument("--classification", action="store_true",
                    help="binary labels, probit likelihood")
@@ -187,6 +215,14 @@ def _add_evaluate(sub) -> None:
                         "skipped are named on stderr")
     _threads_arg(e)
     e.set_defaults(func=cmd_evaluate)
+
+
+def _num_inducing_args(f) -> None:
+    """``--num-inducing``, and its old name ``--inducing`` (hidden, noted when used)."""
+    f.add_argument("--num-inducing", type=_positive_int, default=DEFAULT_INDUCING,
+                   help="inducing points M per layer (at most the training points)")
+    f.add_argument("--inducing", type=_positive_int, dest="num_inducing", action=_RenamedOption,
+                   new="--num-inducing", help=argparse.SUPPRESS)
 
 
 def _threads_arg(q) -> None:

@@ -187,7 +187,7 @@ def to_datatree(
     y: torch.Tensor | None = None,
     num_samples: int = 100,
     grid: torch.Tensor | None = None,
-    seed: int | None = None,
+    seed: int | None = 0,
     kl: bool = True,
     paths: bool | None = None,
 ) -> xr.DataTree:
@@ -199,9 +199,9 @@ def to_datatree(
     :param X: ``(N, D)`` inputs; :param y: ``(N,)`` observations or ``None``.
     :param grid: ``(G, D)`` inputs at which the ``layers`` group is evaluated instead of ``X``
         (with the same draws of the global latents: they are replayed).
-    :param seed: draw from this seed without touching the global random state; with the same
-        seed and ``batch_size >= N`` the draws are those of
-        :func:`~pyro_dgp.prediction.predictive.predict`.
+    :param seed: draw from this seed without touching the global random state (``None``:
+        from the global random state); with the same seed and ``chunk_rows >= N`` the draws are
+        those of :func:`~pyro_dgp.prediction.predictive.predict`.
     :param kl: compute ``KL(q(u^l) || p(u^l))`` per layer into the ``layers`` attributes.
     :param paths: draw the ``layers`` group as sample paths (module docstring); default: on a
         ``grid`` only. Needs a layer guide of the library.

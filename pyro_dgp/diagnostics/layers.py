@@ -7,8 +7,8 @@
 - :func:`layer_summary`: the same averaged per layer, with ``KL(q(u^l) || p(u^l))``
   (:func:`~pyro_dgp.diagnostics.kl.layer_kl`).
 
-Both read a DataTree of :func:`~pyro_dgp.diagnostics.export.to_datatree`, or build one from
-``(model, guide, X)``.
+Both read a DataTree of :func:`~pyro_dgp.diagnostics.export.to_datatree`:
+``layer_summary(to_datatree(model, guide, X))``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from ..deprecation import warn_renamed
 from ..infer.draws import check_guide_of
 from .export import to_datatree
 from .tables import whole
@@ -26,29 +27,36 @@ __all__ = ["SAMPLE_DIMS", "layer_order", "layer_summary", "layer_variance"]
 SAMPLE_DIMS = ("chain", "draw")
 
 
-def _as_datatree(source, guide=None, X=None, where="layer_summary", **kwargs) -> xr.DataTree:
-    if isinstance(source, xr.DataTree):
-        return source
-    if isinstance(source, tuple):
-        source, guide, X = source
+def _as_datatree(dt, guide, X, where: str, kwargs: dict) -> xr.DataTree:
+    """``dt`` itself; the old form ``(model, guide, X)`` (or a tuple of them) built into one by
+    ``to_datatree``, warned."""
+    if isinstance(dt, xr.DataTree) and guide is None and X is None and not kwargs:
+        return dt
+    model = dt
+    if isinstance(dt, tuple):
+        model, guide, X = dt
+    if isinstance(model, xr.DataTree):
+        raise TypeError(f"{where} takes a DataTree alone: {sorted(kwargs)} are arguments of "
+                        f"to_datatree, which drew it")
     if guide is None or X is None:
-        raise TypeError("pass a DataTree, a tuple (model, guide, X), or model, guide, X")
-    check_guide_of(source, guide, where)
-    kwargs.setdefault("seed", 0)
-    return to_datatree(source, guide, X, **kwargs)
+        raise TypeError(f"{where} takes a DataTree: {where}(to_datatree(model, guide, X, "
+                        f"...)), got {type(dt).__name__}")
+    warn_renamed(f"{where}(model, guide, X, ...)",
+                 f"{where}(to_datatree(model, guide, X, ...))")
+    check_guide_of(model, guide, where)
+    return to_datatree(model, guide, X, **kwargs)
 
 
-def layer_variance(source, guide=None, X=None, **kwargs) -> xr.Dataset:
+def layer_variance(dt: xr.DataTree, guide=None, X=None, **kwargs) -> xr.Dataset:
     """Per layer and input point: ``<layer>.post_mean``, ``<layer>.post_var`` (over the guide's
     draws: ``mean_s var_s + var_s mean_s`` from the attached Gaussians, or the variance of the
     sampled values), ``<layer>.prior_var`` (``k_l(x, x)`` at the layer's inputs, averaged over
     draws) and ``<layer>.var_ratio`` = posterior / prior variance.
 
-    :param source: a DataTree from :func:`~pyro_dgp.diagnostics.export.to_datatree`, or a tuple
-        ``(model, guide, X)``, or ``model`` with ``guide`` and ``X`` (extra keyword arguments
-        go to ``to_datatree``).
+    :param dt: a DataTree from :func:`~pyro_dgp.diagnostics.export.to_datatree`. (Deprecated:
+        ``model, guide, X`` with keyword arguments of ``to_datatree``, or a tuple of them.)
     """
-    dt = _as_datatree(source, guide, X, where="layer_variance", **kwargs)
+    dt = _as_datatree(dt, guide, X, "layer_variance", kwargs)
     ds = dt["layers"].to_dataset()
     out = {}
     for lname in layer_order(dt):
@@ -77,7 +85,7 @@ def layer_order(dt: xr.DataTree) -> list[str]:
     return [order] if isinstance(order, str) else [str(o) for o in order]
 
 
-def layer_summary(source, guide=None, X=None, **kwargs):
+def layer_summary(dt: xr.DataTree, guide=None, X=None, **kwargs):
     """One row per layer (first to last), a ``pandas.DataFrame`` (printed whole) with columns
 
     - ``f_mean``, ``f_var``: posterior mean and variance of ``f^l``, averaged over the input
@@ -90,11 +98,13 @@ def layer_summary(source, guide=None, X=None, **kwargs):
     - ``kl``: ``KL(q(u^l) || p(u^l))`` (:func:`~pyro_dgp.diagnostics.kl.layer_kl`; ``nan``
       if not computed).
 
-    :param source: a DataTree, or ``(model, guide, X)`` (or ``model, guide, X``).
+    :param dt: a DataTree from :func:`~pyro_dgp.diagnostics.export.to_datatree`:
+        ``layer_summary(to_datatree(model, guide, X))``. (Deprecated: ``model, guide, X`` with
+        keyword arguments of ``to_datatree``, or a tuple of them.)
     """
     import pandas as pd
 
-    dt = _as_datatree(source, guide, X, **kwargs)
+    dt = _as_datatree(dt, guide, X, "layer_summary", kwargs)
     lv = layer_variance(dt)
     attrs = dt["layers"].attrs
     rows = []

@@ -114,7 +114,7 @@ def compare_guides(datatrees: dict, method: str = "stacking", var_name: str | No
     :param heldout: ``{name: to_datatree(model, guide, X_test, y_test)}`` for every guide, all
         at the same test points: adds the held-out columns, and calibration is then judged on
         them instead of in-sample.
-    :param elbos: ``{name: ELBO}``, a float or a :func:`~pyro_dgp.elbo` estimate (its
+    :param elbos: ``{name: ELBO}``, a float or a :func:`~pyro_dgp.evaluate_elbo` estimate (its
         ``stderr`` goes to ``elbo_se``); a guide not in it takes the DataTree's root attributes
         ``elbo`` and ``elbo_se`` if set.
     :param level: the nominal coverage of the central predictive interval.
@@ -261,7 +261,7 @@ def _per_draw_sum(lp: torch.Tensor, S: int) -> torch.Tensor:
 
 
 def variational_pareto_k(model, guide, X: torch.Tensor, y: torch.Tensor, *,
-                         num_samples: int = 1000, seed: int | None = None) -> VariationalPSIS:
+                         num_samples: int = 1000, seed: int | None = 0) -> VariationalPSIS:
     """PSIS diagnostic of the variational approximation (Yao, Vehtari, Simpson & Gelman 2018).
 
     ``S`` draws ``theta_s ~ q`` are weighted by ``log w_s = log p(y, theta_s) - log q(theta_s)``
@@ -294,6 +294,8 @@ def variational_pareto_k(model, guide, X: torch.Tensor, y: torch.Tensor, *,
     Guides without a tractable ``log q`` (implicit or semi-implicit ones, point masses) raise
     ``ValueError``. Pass the full data: a minibatch is scaled by the model's ``num_data``.
 
+    :param seed: draw from this seed without touching the global random state (``None``: from
+        the global random state).
     :returns: :class:`VariationalPSIS` (``.k``, ``.log_weights``, ``.ess``, ``.elbo``,
         ``.log_marginal``).
     """

@@ -49,14 +49,15 @@ def check_gold_model(model) -> None:
     """Refuse a model the gold standard cannot target, saying why.
 
     :raises TypeError: not a :class:`~pyro_dgp.DeepGP`.
-    :raises ValueError: random inducing inputs (``inducing="locations"``) or random
+    :raises ValueError: random inducing inputs (``inducing_scheme="propagated"``) or random
         hyperparameters (``PyroSample`` attributes), which ``q*(U)`` does not cover.
     """
     if not isinstance(model, DeepGP):
         raise TypeError(f"the gold standard needs a pyro_dgp.DeepGP, got {type(model).__name__}")
-    if model.inducing != "fixed":
-        raise ValueError("the gold standard needs fixed inducing inputs (inducing='fixed'); "
-                         f"this model has inducing={model.inducing!r}")
+    if model.inducing_scheme != "per-layer":
+        raise ValueError("the gold standard needs fixed inducing inputs "
+                         "(inducing_scheme='per-layer'); this model has "
+                         f"inducing_scheme={model.inducing_scheme!r}")
     random = list(random_hyperparameters(model))
     if random:
         raise ValueError("the gold standard holds the hyperparameters fixed; these modules of "

@@ -14,6 +14,7 @@ import torch
 from scipy.cluster.vq import kmeans2
 
 from .. import kernels as K
+from ..deprecation import user_stacklevel
 from ..likelihoods import BernoulliProbit, Gaussian, Likelihood, StudentT
 from ..state import global_setting
 from ..validation import (
@@ -174,7 +175,7 @@ def _warn_unstandardised(X: torch.Tensor, y: torch.Tensor | None) -> None:
             "(pyro_dgp.datasets.load and pyro_dgp.datasets.load_csv do; keep the statistics "
             "to report in original units), or pass noise_variance, kernel_variance and "
             "lengthscale on the data's scale",
-            UserWarning, stacklevel=4)
+            UserWarning, stacklevel=user_stacklevel())
 
 
 #: ``num_inducing`` of the builders when not given: ``min(DEFAULT_NUM_INDUCING, N)`` (every
@@ -242,15 +243,17 @@ def make_likelihood(likelihood: str | Likelihood, noise_variance: float) -> Like
 
 
 def dsvi_layers(X, num_layers, hidden, M, kernel, whiten, inner_noise, kernel_variance,
-                lengthscale, jitter, seed, inducing, ard=True, train_mean=False) -> list[GPLayer]:
+                lengthscale, jitter, seed, inducing_scheme, ard=True,
+                train_mean=False) -> list[GPLayer]:
     """The layers of a DSVI deep GP for inputs ``X (N, D)`` (Salimbeni and Deisenroth 2017):
     k-means inducing inputs, propagated through the fixed linear (identity/PCA) means of the
     inner layers; ARD kernels with variance ``kernel_variance`` and lengthscales
     ``lengthscale``; between-layer noise ``inner_noise`` (a White kernel) on inner layers;
     zero mean on the last layer (``ard=False``: one lengthscale per kernel; ``train_mean``:
-    the linear means learned from there). With ``inducing="locations"`` (Ustyuzhaninov et al. 2020,
-    §4.2) a layer whose ``u`` feeds the next layer's inducing inputs holds ``f(Z)``."""
-    locations = inducing == "locations"
+    the linear means learned from there). With ``inducing_scheme="propagated"`` (Ustyuzhaninov
+    et al. 2020, §4.2) a layer whose ``u`` feeds the next layer's inducing inputs holds
+    ``f(Z)``."""
+    locations = inducing_scheme == "propagated"
     D = X.shape[-1]
     dims = [D] + [hidden] * (num_layers - 1) + [1]
     Z = kmeans(X, M, seed)

@@ -8,6 +8,7 @@ import torch
 from pyro.infer.util import is_validation_enabled
 from pyro.nn import PyroModule
 
+from ..deprecation import renamed_keywords, renamed_value, warn_renamed
 from ..likelihoods import Likelihood
 from ..validation import as_tensor_input, check_inputs, check_positive_int, unique_name
 from .architectures import (
@@ -19,7 +20,23 @@ from .architectures import (
 )
 from .layer import GPLayer, sample_hyperparameters
 
-__all__ = ["DeepGP"]
+__all__ = ["INDUCING_SCHEMES", "DeepGP"]
+
+#: where each layer's inducing inputs come from (:class:`DeepGP`'s ``inducing_scheme``)
+INDUCING_SCHEMES = ("per-layer", "propagated")
+
+#: the old spellings of ``inducing_scheme``, the keyword ``inducing``
+_OLD_SCHEMES = {"fixed": "per-layer", "locations": "propagated"}
+
+
+def _scheme(inducing_scheme, where: str) -> str:
+    """``inducing_scheme`` checked, an old value (``"fixed"``, ``"locations"``) warned and
+    spelled anew."""
+    inducing_scheme = renamed_value(inducing_scheme, _OLD_SCHEMES, "inducing_scheme", where)
+    if inducing_scheme not in INDUCING_SCHEMES:
+        raise ValueError(f"inducing_scheme must be 'per-layer' or 'propagated', got "
+                         f"{inducing_scheme!r}")
+    return inducing_scheme
 
 
 class DeepGP(PyroModule):
@@ -33,9 +50,10 @@ class DeepGP(PyroModule):
     :param likelihood: a :class:`~pyro_dgp.likelihoods.Likelihood`; moved to the first layer's
         dtype and device.
     :param num_data: N, the size of the full training set (``None``: each call's B).
-    :param inducing: ``"fixed"`` (DSVI: every layer has its own inducing inputs) or
-        ``"locations"`` (Ustyuzhaninov et al. 2020, §4.2: only the first layer's inducing inputs
-        ``z`` exist;
+    :param inducing_scheme: where each layer's inducing inputs come from: ``"per-layer"``
+        (DSVI: every layer has its own inducing inputs, parameters) or ``"propagated"``
+        (inducing points as inducing locations, Ustyuzhaninov et al. 2020, §4.2: only the first
+        layer's inducing inputs ``z`` exist;
         layer l's inducing inputs are layer l-1's values ``f^z_{l-1}``, so its prior is
         ``p(f^z_l | f^z_{l-1}) = N(m_l(f^z_{l-1}), k_l(f^z_{l-1}, f^z_{l-1}))``). Every
         layer but the last holds function values (``function_values=True``, unwhitened). The
@@ -47,10 +65,12 @@ class DeepGP(PyroModule):
         different families: ``q(f^z_{L-1}) q(f^z_L)`` centred, ``q(f^z_{L-1}) q(v)``
         non-centred, where ``q(f^z_L | f^z_{L-1})`` follows the draw of the inducing inputs and
         the KL of the last layer is ``KL(q(v) || N(0, I))``, free of ``k_L(f^z_{L-1})^{-1}``.
+        (Formerly ``inducing_scheme="per-layer"`` and ``inducing_scheme="propagated"``.)
     """
 
+    @renamed_keywords("DeepGP", inducing="inducing_scheme")
     def __init__(self, layers, likelihood: Likelihood, num_data: int | None = None, name=None,
-                 inducing: str = "fixed"):
+                 inducing_scheme: str = "per-layer"):
         super().__init__(name=name if name is not None else unique_name("DeepGP"))
         if isinstance(layers, GPLayer):
             raise TypeError("DeepGP: layers must be a list of GPLayer, got a single GPLayer; "
@@ -78,9 +98,8 @@ class DeepGP(PyroModule):
         names = [layer.name for layer in layers]
         if len(set(names)) != len(names):
             raise ValueError(f"layer names must be unique, got {names}")
-        if inducing not in ("fixed", "locations"):
-            raise ValueError(f"inducing must be 'fixed' or 'locations', got {inducing!r}")
-        if inducing == "locations":
+        inducing_scheme = _scheme(inducing_scheme, "DeepGP")
+        if inducing_scheme == "propagated":
             # a layer whose u is the next layer's inducing inputs must hold f(Z); the last
             # layer only receives random inducing inputs: centred (f(Z)) or whitened
             bad = [layer.name for layer in layers[:-1] if not layer.function_values]
@@ -89,18 +108,27 @@ class DeepGP(PyroModule):
                 bad.append(last.name)
             if bad:
                 raise ValueError(
-                    "inducing='locations' needs function_values=True on every layer but the "
+                    "inducing_scheme='propagated' needs function_values=True on every layer but "
+                    "the "
                     f"last, and function_values=True or whiten=True on the last: {bad}"
                 )
             for a, b in zip(layers[:-1], layers[1:], strict=False):
                 if a.num_inducing != b.num_inducing:
-                    raise ValueError("inducing='locations' needs the same M in every layer")
+                    raise ValueError("inducing_scheme='propagated' needs the same M in every "
+                                     "layer")
                 a.feeds_inducing_inputs = True
-        self.inducing = inducing
+        self.inducing_scheme = inducing_scheme
         self.layers = PyroModule[torch.nn.ModuleList](layers)
         Z = layers[0].inducing_points  # the model's dtype and device
         self.likelihood = likelihood.to(dtype=Z.dtype, device=Z.device)
         self.num_data = num_data
+
+    @property
+    def inducing(self) -> str:
+        """Deprecated: the old spelling of :attr:`inducing_scheme` (``"fixed"``,
+        ``"locations"``)."""
+        warn_renamed("DeepGP.inducing", "DeepGP.inducing_scheme")
+        return {new: old for old, new in _OLD_SCHEMES.items()}[self.inducing_scheme]
 
     @property
     def input_dim(self) -> int:
@@ -122,7 +150,7 @@ class DeepGP(PyroModule):
         h, Z = X, None
         for layer in self.layers:
             h = layer(h, plate=plate, inducing_inputs=Z)
-            if self.inducing == "locations":
+            if self.inducing_scheme == "propagated":
                 # Ustyuzhaninov et al. 2020, §4.2: this layer's values at its inducing inputs are
                 # the next
                 # layer's inducing inputs
@@ -133,6 +161,7 @@ class DeepGP(PyroModule):
 
     # ------------------------------------------------------------------ constructors
     @classmethod
+    @renamed_keywords("DeepGP.regression", inducing="inducing_scheme")
     def regression(
         cls, X: torch.Tensor, y: torch.Tensor, *,
         num_layers: int = 2,
@@ -148,7 +177,7 @@ class DeepGP(PyroModule):
         jitter: float | None = None,
         seed: int = 0,
         name: str | None = None,
-        inducing: str = "fixed",
+        inducing_scheme: str = "per-layer",
         ard: bool = True,
         train_mean: bool = True,
     ) -> DeepGP:
@@ -171,17 +200,18 @@ class DeepGP(PyroModule):
             tensors or NumPy arrays (read as tensors of their own dtype).
         :param hidden_dim: width of inner layers, default ``min(30, D)``.
         :param likelihood: ``"gaussian"``, ``"studentt"``, ``"probit"`` or an instance.
-        :param inducing: ``"fixed"`` or ``"locations"`` (see :class:`DeepGP`).
+        :param inducing_scheme: ``"per-layer"`` or ``"propagated"`` (see :class:`DeepGP`).
         :param ard: a lengthscale per input dimension (default) or one per kernel.
         :param train_mean: learn the inner layers' linear means, initialised at the identity/PCA
             maps (default); ``False`` keeps those maps fixed.
-        :param whiten: whitened inducing outputs (default). With ``inducing="locations"`` the
-            layers whose ``u`` is the next layer's inducing inputs always hold ``f(Z)``; the
-            last layer is whitened at its random inducing inputs (non-centred) if ``whiten``,
-            else it holds ``f(Z)`` too (Ustyuzhaninov et al. 2020, §4.2 as published). See
-            :class:`DeepGP`.
+        :param whiten: whitened inducing outputs (default). With
+            ``inducing_scheme="propagated"`` the layers whose ``u`` is the next layer's
+            inducing inputs always hold ``f(Z)``; the last layer is whitened at its random
+            inducing inputs (non-centred) if ``whiten``, else it holds ``f(Z)`` too
+            (Ustyuzhaninov et al. 2020, §4.2 as published). See :class:`DeepGP`.
         """
         X, y = as_tensor_input(X), as_tensor_input(y, getattr(X, "device", None))
+        inducing_scheme = _scheme(inducing_scheme, "DeepGP.regression")
         checked = check_regression_arguments(
             X, y, num_layers, hidden_dim, num_inducing, kernel, likelihood, noise_variance, seed,
             flags={"whiten": whiten, "ard": ard, "train_mean": train_mean})
@@ -189,8 +219,8 @@ class DeepGP(PyroModule):
             lik = make_likelihood(likelihood, checked.pop("noise_variance"))
             layers = dsvi_layers(X, kernel=kernel, inner_noise=inner_noise, jitter=jitter,
                                  kernel_variance=kernel_variance, lengthscale=lengthscale,
-                                 inducing=inducing, **checked)
-            model = cls(layers, lik, num_data=X.shape[0], name=name, inducing=inducing)
+                                 inducing_scheme=inducing_scheme, **checked)
+            model = cls(layers, lik, X.shape[0], name, inducing_scheme)
         return model.to(device=X.device, dtype=X.dtype)
 
     @classmethod

@@ -143,7 +143,7 @@ class JointGaussian(LayerGuide):
         if bad:
             raise ValueError(
                 f"{type(self).__name__}: layers {bad} hold function values that are the next "
-                "layer's inducing inputs (inducing='locations'), so the prior of the layer "
+                "layer's inducing inputs (inducing_scheme='propagated'), so the prior of the layer "
                 "above depends on them; this guide's closed-form KL assumes a prior of fixed "
                 "layer-wise Gaussians. Use MeanField (the guide of Ustyuzhaninov et al. 2020, "
                 "§4.2) or a completed autoguide for that model."

@@ -64,10 +64,10 @@ class GuideProtocol:
 
     @property
     def default_objective(self) -> str:
-        """The objective ``fit``'s ``"auto"`` trains it with: ``"meanfield"``
+        """The objective ``fit``'s ``"auto"`` trains it with: ``"analytic-kl"``
         (``AnalyticKL_ELBO``) where :attr:`mean_field`, else ``"elbo"`` (``Trace_ELBO``); a
         family with an objective of its own names it (``"amortized"``)."""
-        return "meanfield" if self.mean_field else "elbo"
+        return "analytic-kl" if self.mean_field else "elbo"
 
     @property
     def model(self):

@@ -29,6 +29,7 @@ import torch
 from pyro.distributions.util import scale_and_mask
 from pyro.infer.util import is_validation_enabled
 
+from ..deprecation import renamed_keywords
 from ..guides.protocol import protocol_of
 from ..likelihoods import AnalyticObservation
 from ..validation import check_positive_int
@@ -56,24 +57,28 @@ class LocalAlpha(LossFromDifferentiable, AnalyticKL_ELBO):
     ``pyro.infer.SVI`` (``loss``, ``loss_and_grads``) and with ``fit(objective="alpha")``.
 
     :param alpha: in ``(0, 1]``.
-    :param num_samples: ``S >= 1`` draws of the guide per point, vectorised in one run.
+    :param num_particles: ``S >= 1`` draws of the guide per point, vectorised in one run (the
+        ``K`` of Pyro's ``RenyiELBO(num_particles=K)``; formerly ``num_samples``).
     """
 
-    def __init__(self, alpha: float = 0.5, num_samples: int = 10):
-        super().__init__(num_particles=1)
+    @renamed_keywords("LocalAlpha", num_samples="num_particles")
+    def __init__(self, alpha: float = 0.5, num_particles: int = 10):
+        S = check_positive_int(num_particles, "LocalAlpha: num_particles")
+        # Pyro's ELBO loops over its num_particles in its own loss methods, which this class
+        # replaces: its S draws are one vectorised run (differentiable_loss)
+        super().__init__(num_particles=S)
         self.alpha = check_alpha(alpha)
-        self.num_samples = check_positive_int(num_samples, "LocalAlpha: num_samples")
 
     def __repr__(self) -> str:
-        return f"LocalAlpha(alpha={self.alpha:g}, num_samples={self.num_samples})"
+        return f"LocalAlpha(alpha={self.alpha:g}, num_particles={self.num_particles})"
 
     def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
         """``-L_alpha`` for one set of ``S`` draws (a tensor to differentiate)."""
-        model_trace, guide_trace = plated_traces(model, guide, ALPHA_PLATE, self.num_samples,
+        model_trace, guide_trace = plated_traces(model, guide, ALPHA_PLATE, self.num_particles,
                                                  args, kwargs)
         data = sum((self._local_term(s) for s in model_trace.nodes.values()
                     if s["type"] == "sample" and s["is_observed"]), start=0.0)
-        return -(data + self._latent_part(model_trace, guide_trace, guide) / self.num_samples)
+        return -(data + self._latent_part(model_trace, guide_trace, guide) / self.num_particles)
 
     def _observed_term(self, site: dict):
         return 0.0  # the local terms replace the observations' log-densities
@@ -97,7 +102,7 @@ class LocalAlpha(LossFromDifferentiable, AnalyticKL_ELBO):
     def _local_term(self, site: dict) -> torch.Tensor:
         """``sum_i scale (1/alpha) (logsumexp_s a_is - log S)`` of an observed site, with
         ``a_is = log E_s[p(y_i | f)^alpha]``."""
-        fn, y, S = unmasked(site["fn"]), site["value"], self.num_samples
+        fn, y, S = unmasked(site["fn"]), site["value"], self.num_particles
         if isinstance(fn, AnalyticObservation):
             a = fn.alpha_log_prob(y, self.alpha)
         else:

@@ -9,7 +9,7 @@ the chunks (of every process)::
 
 the KL counted once, as in :mod:`pyro_dgp.infer.distributed`. Each of the ``P`` particles is
 one such sum, so the particles are independent estimates and their spread gives the standard
-error as :func:`~pyro_dgp.elbo` does.
+error as :func:`~pyro_dgp.evaluate_elbo` does.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def chunked_elbo(model, guide, data, num_particles: int = 8, objective="auto", s
 def fit_elbo(model, guide, batches, num_particles: int, seed: int,
              parallel=None) -> ELBOEstimate:
     """The ELBO at the end of :func:`~pyro_dgp.fit` on its data (``batches``, a
-    :class:`~pyro_dgp.infer.batches.Batches`): :func:`~pyro_dgp.elbo` on tensors in one
+    :class:`~pyro_dgp.infer.batches.Batches`): :func:`~pyro_dgp.evaluate_elbo` on tensors in one
     process, else :func:`chunked_elbo`, each process over its share."""
     if batches.stream is None and parallel is None:
         return evaluate_elbo(model, guide, batches.X, batches.y, num_particles, "auto",

@@ -22,6 +22,7 @@ from ..validation import (
 from .batches import check_stream, model_dtype_device
 from .minibatch import FULL_SIZE_PLATE, misscaled_observations
 from .monitor import VALIDATION_CHUNK_ROWS
+from .objectives import objective_and_particles
 
 __all__ = ["VALIDATIONS_PER_RUN", "check_arguments", "check_options", "check_progress",
            "check_validation_scale", "check_watchers", "validation_data"]
@@ -30,10 +31,13 @@ __all__ = ["VALIDATIONS_PER_RUN", "check_arguments", "check_options", "check_pro
 VALIDATIONS_PER_RUN = 50
 
 
-def check_options(lr, lr_decay, num_particles, seed, optimizer, final_elbo_particles,
-                  threads) -> None:
+def check_options(objective, lr, lr_decay, num_particles, seed, optimizer,
+                  final_elbo_particles, threads) -> tuple:
     """Validate ``fit``'s settings, each error naming its argument, before anything is
-    derived from them (the thread count from ``num_particles``)."""
+    derived from them (the thread count from ``num_particles``); returns ``(objective,
+    num_particles)``, an old objective name spelled anew, ``num_particles=None`` the
+    objective's default (:func:`~pyro_dgp.infer.objectives.objective_and_particles`)."""
+    objective, num_particles = objective_and_particles(objective, num_particles)
     check_positive_finite(lr, "lr")
     if lr_decay is not None:
         if isinstance(lr_decay, bool | str | bytes):
@@ -52,6 +56,7 @@ def check_options(lr, lr_decay, num_particles, seed, optimizer, final_elbo_parti
             f"optimizer must be a torch.optim.Optimizer class such as torch.optim.Adam (or a "
             f"callable (params, lr=...) -> optimizer), got {optimizer!r} (of type "
             f"{type(optimizer).__name__})")
+    return objective, num_particles
 
 
 def check_arguments(model, X, y, num_steps, batch_size, checkpoint_every):

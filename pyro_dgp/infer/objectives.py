@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from pyro.infer import ELBO, RenyiELBO, TraceMeanField_ELBO
 
+from ..deprecation import renamed_keywords, renamed_value, user_stacklevel
 from ..errors import user_errors_first
 from ..guides.protocol import protocol_of
 from ..rng import seeded
@@ -19,14 +20,21 @@ from .elbo import AnalyticKL_ELBO, ReparamTrace_ELBO
 from .importance import RenyiELBO as ImportanceRenyiELBO
 from .importance import check_importance_weights
 
-__all__ = ["ELBOEstimate", "evaluate_elbo", "make_objective"]
+__all__ = ["ELBOEstimate", "OBJECTIVE_NAMES", "default_num_particles", "evaluate_elbo",
+           "make_objective", "objective_and_particles", "objective_name"]
+
+#: the per-point draws ``K`` of ``"alpha"`` when ``num_particles`` is not given
+ALPHA_PARTICLES = 10
+
+#: the old spellings of objective names, and their new ones
+_OLD_NAMES = {"meanfield": "analytic-kl"}
 
 
 _OBJECTIVES = {
     # Trace_ELBO's estimator without its read-backs to the host (a CUDA graph can hold it)
     "elbo": lambda p, v: ReparamTrace_ELBO(num_particles=p, vectorize_particles=v,
                                            max_plate_nesting=1),
-    "meanfield": lambda p, v: AnalyticKL_ELBO(
+    "analytic-kl": lambda p, v: AnalyticKL_ELBO(
         num_particles=p, vectorize_particles=v, max_plate_nesting=1
     ),
     "renyi": lambda p, v: ImportanceRenyiELBO(alpha=0.5, num_particles=max(p, 2),
@@ -34,20 +42,50 @@ _OBJECTIVES = {
 }
 
 
-def make_objective(objective, guide, num_particles: int = 1, alpha: float = 0.5,
-                   num_samples: int = 10) -> ELBO:
-    """An objective from a name (``"auto"``, ``"elbo"``, ``"meanfield"``, ``"renyi"``,
-    ``"alpha"``: :class:`~pyro_dgp.infer.alpha.LocalAlpha` with ``alpha`` and ``num_samples``
-    draws per point, not an ELBO) or
+#: the names :func:`make_objective` takes
+OBJECTIVE_NAMES = ("auto", "alpha", *_OBJECTIVES)
+
+
+def objective_name(objective, where: str = "fit"):
+    """``objective`` with an old name (``"meanfield"``) replaced by its new one
+    (``"analytic-kl"``), warned; anything else as is."""
+    return renamed_value(objective, _OLD_NAMES, "objective", where)
+
+
+def objective_and_particles(objective, num_particles: int | None, where: str = "fit"):
+    """``(objective, num_particles)``: the objective's new name (:func:`objective_name`) and
+    ``num_particles``, or where ``None`` its :func:`default_num_particles`."""
+    objective = objective_name(objective, where)
+    return objective, (default_num_particles(objective) if num_particles is None
+                       else num_particles)
+
+
+def default_num_particles(objective) -> int:
+    """``num_particles`` of ``objective`` when not given: ``K = 10`` per-point draws of
+    ``"alpha"``, one draw of an ELBO (``"renyi"`` takes at least 2)."""
+    return ALPHA_PARTICLES if objective == "alpha" else 1
+
+
+@renamed_keywords("make_objective", num_samples="num_particles")
+def make_objective(objective, guide, num_particles: int | None = None,
+                   alpha: float = 0.5) -> ELBO:
+    """An objective from a name (``"auto"``, ``"elbo"``, ``"analytic-kl"``, ``"renyi"``,
+    ``"alpha"``: :class:`~pyro_dgp.infer.alpha.LocalAlpha` with ``alpha`` and
+    ``num_particles`` draws per point, not an ELBO) or
     an instance (returned as is, except that Pyro's ``RenyiELBO`` becomes
     :class:`~pyro_dgp.infer.importance.RenyiELBO` with the same settings: exact per-draw weights).
     ``"auto"`` is the guide's ``default_objective`` (the guide protocol):
     :class:`~pyro_dgp.infer.amortized.AmortizedELBO` for an :class:`~pyro_dgp.guides.Amortized`
-    guide (its rule's objective, with the paths' weights), ``"meanfield"`` for other guides
-    that factorise like the prior, else ``"elbo"`` (Trace_ELBO). ``"meanfield"`` is
-    :class:`~pyro_dgp.infer.elbo.AnalyticKL_ELBO`:
-    TraceMeanField_ELBO's estimator (analytic KL), without the log-densities it discards.
-    ``"renyi"`` is :class:`~pyro_dgp.infer.importance.RenyiELBO` (alpha 0.5)."""
+    guide (its rule's objective, with the paths' weights),
+    ``"analytic-kl"`` for other guides that factorise like the prior, else ``"elbo"``
+    (Trace_ELBO). ``"analytic-kl"`` (formerly ``"meanfield"``) is
+    :class:`~pyro_dgp.infer.elbo.AnalyticKL_ELBO`: TraceMeanField_ELBO's estimator (analytic
+    KL), without the log-densities it discards.
+    ``"renyi"`` is :class:`~pyro_dgp.infer.importance.RenyiELBO` (alpha 0.5).
+
+    :param num_particles: draws of the guide per evaluation (Pyro's word): of each point's
+        ``log (1/K) sum_k`` in ``"alpha"`` and ``"renyi"``, else averaged; ``None``:
+        :func:`default_num_particles`."""
     if isinstance(objective, ELBO):
         if isinstance(objective, TraceMeanField_ELBO):
             _warn_mean_field(guide)
@@ -60,19 +98,21 @@ def make_objective(objective, guide, num_particles: int = 1, alpha: float = 0.5,
                     max_plate_nesting=objective.max_plate_nesting,
                     vectorize_particles=objective.vectorize_particles)
         return objective
+    objective, num_particles = objective_and_particles(objective, num_particles,
+                                                       "make_objective")
     num_particles = check_positive_int(num_particles, "num_particles")
     if objective == "alpha":
-        return LocalAlpha(alpha, num_samples)
+        return LocalAlpha(alpha, num_particles)
     if objective == "auto":
         objective = protocol_of(guide).default_objective
         if objective == "amortized":
             return AmortizedELBO()
     if objective not in _OBJECTIVES:
         raise ValueError(
-            f"objective must be a pyro ELBO or one of {['auto', 'alpha', *_OBJECTIVES]}, got "
+            f"objective must be a pyro ELBO or one of {list(OBJECTIVE_NAMES)}, got "
             f"{objective!r}"
         )
-    if objective == "meanfield":
+    if objective == "analytic-kl":
         _warn_mean_field(guide)
     if objective == "renyi":
         check_importance_weights(guide)
@@ -86,7 +126,7 @@ def _warn_mean_field(guide) -> None:
             f"{type(guide).__name__} does not declare that (its analytic KL terms may be "
             "wrong); use Trace_ELBO",
             UserWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
 
 

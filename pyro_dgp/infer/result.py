@@ -16,7 +16,7 @@ class TrainingDivergedError(FloatingPointError):
 class FitResult:
     """``losses[k]`` is the training loss at step k (the negative ELBO estimate, or the
     negative local alpha objective), full-data scale;
-    ``final_elbo`` the ELBO at the final parameters (:func:`~pyro_dgp.elbo`, the ELBO
+    ``final_elbo`` the ELBO at the final parameters (:func:`~pyro_dgp.evaluate_elbo`, the ELBO
     estimator of the guide whatever the training objective, averaged over
     ``final_elbo_particles`` draws on the training data; ``nan`` if not evaluated) and
     ``final_elbo_stderr`` its Monte Carlo standard error; ``seconds`` the wall time of the

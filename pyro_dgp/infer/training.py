@@ -96,16 +96,16 @@ __all__ = ["FitResult", "StepInfo", "TrainingDivergedError", "TrainingInstabilit
 
 
 
-@user_errors_first
+@user_errors_first(renamed={"num_samples": "num_particles"})
 def fit(
     model, guide, X, y: torch.Tensor | None = None, *, num_steps: int = 1000,
-    batch_size: int | None = None, lr: float = 0.01, objective="auto", num_particles: int = 1,
-    seed: int | None = 0, progress: bool | int = True,
+    batch_size: int | None = None, lr: float = 0.01, objective="auto", seed: int | None = 0,
+    num_particles: int | None = None, progress: bool | int = True,
     checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 500,
     resume: bool = False, optimizer: type[torch.optim.Optimizer] = torch.optim.Adam,
     lr_schedule: str | Callable[[int, int], float] | None = None, lr_decay: float | None = None,
     final_elbo_particles: int = 8, threads: int | None = None, natural_gradient=None,
-    alpha: float = 0.5, num_samples: int = 10, distributed: bool = False, cuda_graph=False,
+    alpha: float = 0.5, distributed: bool = False, cuda_graph=False,
     validation=None, patience: int | None = None, validate_every: int | None = None,
     callbacks: Sequence[Callable[[StepInfo], bool | None]] | None = None, callback_every: int = 1,
 ) -> FitResult:
@@ -114,12 +114,12 @@ def fit(
     :param X: ``(N, D)`` inputs (a tensor, a NumPy array, or data read row by row);
         :param y: ``(N,)`` targets. :param batch_size: minibatch size B (``None``: N).
     :param objective: a Pyro ELBO or a name (:func:`make_objective`); ``"alpha"``: the local
-        alpha-divergence objective with ``alpha`` and ``num_samples`` (shown as ``loss/pt``).
+        alpha-divergence objective with ``alpha`` (shown as ``loss/pt``). :param num_particles:
+        draws of the guide per step and point (``None``: 10 for ``"alpha"``, else 1).
     :param seed: seeds Pyro/torch/numpy and the minibatch stream, in ``[0, 2**32 - 1]``
         (``None``: leave as is, or on resume the checkpoint's seed: the run goes on as it was).
-    :param optimizer: an Optimizer class (or ``(params, lr=)``). :param checkpoint: file
-        written every ``checkpoint_every`` steps, at the end, on divergence and on
-        KeyboardInterrupt; ``resume=True`` continues from it exactly.
+    :param optimizer: an Optimizer class (or ``(params, lr=)``). :param checkpoint: a file
+        written every ``checkpoint_every`` steps and more (module docstring); ``resume=True``.
     :param lr_schedule: ``"cosine"`` (default), ``"exponential"``, ``"constant"`` or
         ``(step, num_steps) -> factor``; :param lr_decay: the last step's rate over ``lr``.
     :param progress: a bar on a terminal, else a line every tenth of the run; ``k``: a line
@@ -139,7 +139,8 @@ def fit(
         the last good parameters and writing the checkpoint.
     :warns TrainingInstabilityWarning: the smoothed loss rose far above its best (once a run).
     """
-    check_options(lr, lr_decay, num_particles, seed, optimizer, final_elbo_particles, threads)
+    objective, num_particles = check_options(objective, lr, lr_decay, num_particles, seed,
+                                             optimizer, final_elbo_particles, threads)
     schedule = resolve_lr_schedule(lr_schedule, lr_decay)
     X, y, N, B = check_arguments(model, X, y, num_steps, batch_size, checkpoint_every)
     watch = check_watchers(model, X, validation, patience, validate_every, callbacks,
@@ -154,9 +155,8 @@ def fit(
                     objective=objective, num_particles=num_particles, seed=seed,
                     progress=progress, checkpoint=checkpoint, checkpoint_every=checkpoint_every,
                     resume=resume, optimizer=optimizer, schedule=schedule, alpha=alpha,
-                    final_elbo_particles=final_elbo_particles, num_samples=num_samples,
-                    natural_gradient=natural_gradient, cuda_graph=cuda_graph,
-                    watchers=watch)
+                    final_elbo_particles=final_elbo_particles, cuda_graph=cuda_graph,
+                    natural_gradient=natural_gradient, watchers=watch)
 
 
 def _watchers(model, guide, elbo, batches: Batches, seed, progress, validation, patience,
@@ -202,7 +202,7 @@ def _threads(threads: int | None, model, batches: Batches, num_particles: int) -
 
 def _fit(model, guide, batches: Batches, parallel: DataParallel | None, *, num_steps, lr,
          objective, num_particles, seed, progress, checkpoint, checkpoint_every, resume,
-         optimizer, schedule, final_elbo_particles, natural_gradient, alpha, num_samples,
+         optimizer, schedule, final_elbo_particles, natural_gradient, alpha,
          cuda_graph, watchers):
     """:func:`fit` after its checks, with its thread count set."""
     path = Path(checkpoint) if checkpoint is not None else None
@@ -216,7 +216,7 @@ def _fit(model, guide, batches: Batches, parallel: DataParallel | None, *, num_s
     # the minibatch stream: from the seed, else from torch's global stream (as is)
     generator = torch.Generator().manual_seed(
         seed if seed is not None else int(torch.randint(2**62, ()).item()))
-    elbo = make_objective(objective, guide, num_particles, alpha=alpha, num_samples=num_samples)
+    elbo = make_objective(objective, guide, num_particles, alpha=alpha)
     if cuda_graph and not hasattr(elbo, "differentiable_loss"):
         raise ValueError(f"cuda_graph=True needs an objective with differentiable_loss; "
                          f"{type(elbo).__name__} has none")

@@ -31,16 +31,16 @@ from .mixture import MixturePredictive, check_units
 __all__ = ["predict"]
 
 
-@user_errors_first
+@user_errors_first(renamed={"batch_size": "chunk_rows"})
 def predict(
     model,
     guide,
     X: torch.Tensor,
     num_samples: int = 100,
-    batch_size: int = 1024,
+    chunk_rows: int = 1024,
     y_mean: float = 0.0,
     y_std: float = 1.0,
-    seed: int | None = None,
+    seed: int | None = 0,
     observed: str | None = None,
 ) -> MixturePredictive | DrawMixturePredictive:
     """Predictive mixture at ``X`` from ``num_samples`` guide draws, uniformly weighted; or,
@@ -55,10 +55,11 @@ def predict(
     :param guide: any guide of the library (or a completed autoguide).
     :param X: ``(N, D)`` test inputs (a NumPy array: taken in its dtype on the model's
         device).
-    :param batch_size: test points per pass (memory grows with S x batch x M).
+    :param chunk_rows: test points per pass (memory grows with S x chunk_rows x M).
     :param y_mean, y_std: report in units ``y_mean + y_std * y_model``.
     :param seed: draw the samples from this seed without touching the global random state
-        (also the ``mc_seed`` of the returned predictive's sampled estimates; ``None``: 0).
+        (also the ``mc_seed`` of the returned predictive's sampled estimates); ``None``: from
+        the global random state (``mc_seed`` 0).
     :param observed: the name of the observation site, where the model's trace under the guide
         has several sites the guide does not draw; ``None``: the model's ``.likelihood``, else
         the one such site.
@@ -71,13 +72,13 @@ def predict(
     X = as_tensor_input(X, getattr(next(iter(model.parameters()), None), "device", None))
     check_inputs(X)
     S = check_positive_int(num_samples, "num_samples")
-    batch_size = check_positive_int(batch_size, "batch_size")
+    chunk_rows = check_positive_int(chunk_rows, "chunk_rows")
     y_mean, y_std = check_units(y_mean, y_std, "predict")
     _check_observed(observed)
     likelihood = getattr(model, "likelihood", None) if observed is None else None
     check_guide_of(model, guide, "predict")
     last = model.layers[-1].name + ".f" if hasattr(model, "layers") else None
-    set_up_guide(guide, (X[..., :batch_size, :],), seed, X.device)
+    set_up_guide(guide, (X[..., :chunk_rows, :],), seed, X.device)
     # the model's likelihood at its last layer's Gaussians, or the site its trace shows
     draw_chunk, site = ((_chunk_draws, last) if likelihood is not None
                         else (_chunk_observations, observed))
@@ -87,7 +88,7 @@ def predict(
             protocol_of(guide).weighted_paths() as weights:
         S = S if weights is None else weights.shape[0]
         chunks = [draw_chunk(model, guide, chunk, S, site)
-                  for chunk in X.split(batch_size, dim=-2)]
+                  for chunk in X.split(chunk_rows, dim=-2)]
     # the draws behind estimates without a closed form (a custom likelihood's CRPS) follow the
     # same seed
     return _mixture(chunks, y_mean, y_std, 0 if seed is None else seed, weights)

@@ -35,7 +35,7 @@ def predict_chunks(model, guide, data, num_samples: int = 100, chunk_rows: int =
     chunk_rows = check_positive_int(chunk_rows, "chunk_rows")
     if isinstance(data, torch.Tensor):
         for c, X in enumerate(data.split(chunk_rows, dim=-2)):
-            yield predict(model, guide, X, num_samples, batch_size=chunk_rows,
+            yield predict(model, guide, X, num_samples, chunk_rows=chunk_rows,
                           seed=step_seed(seed, c, 0)), None
         return
     if not isinstance(data, RowStream):
@@ -45,7 +45,7 @@ def predict_chunks(model, guide, data, num_samples: int = 100, chunk_rows: int =
     y_mean, y_std = (0.0, 1.0) if units is None else (units.y_mean, units.y_std)
     for c, (X_raw, y_raw) in enumerate(data.iterate(chunk_rows=chunk_rows)):
         X, _ = data.to_tensors(X_raw, y_raw, dtype, device)
-        pred = predict(model, guide, X, num_samples, batch_size=chunk_rows, y_mean=y_mean,
+        pred = predict(model, guide, X, num_samples, chunk_rows=chunk_rows, y_mean=y_mean,
                        y_std=y_std, seed=step_seed(seed, c, 0))
         yield pred, torch.as_tensor(y_raw, dtype=dtype, device=device).reshape(-1)
 

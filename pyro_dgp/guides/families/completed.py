@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from pyro import poutine
 from pyro.infer import autoguide
@@ -173,11 +175,17 @@ class Completed(LayerGuide):
 def complete(guide, model, name=None) -> Completed:
     """Turn a guide over the ``.u`` sites into a full guide of ``model``.
 
-    ``guide`` is any Pyro guide whose sites include every ``<layer>.u``, typically a Pyro
-    autoguide built on :func:`inducing_only`::
+    :param guide: a Pyro autoguide class (or a ``functools.partial`` of one, with its
+        options), built here on :func:`inducing_only` ``(model)``::
 
-        guide = complete(AutoMultivariateNormal(inducing_only(model)), model)
+            guide = complete(AutoMultivariateNormal, model)
+            guide = complete(partial(AutoLowRankMultivariateNormal, rank=5), model)
+
+        or any Pyro guide (an instance) whose sites include every ``<layer>.u``, e.g. an
+        autoguide built on ``inducing_only(model)`` with more than a class can say.
     """
+    if _is_guide_class(guide):
+        guide = guide(inducing_only(model))
     return Completed(guide, model, name=name)
 
 
@@ -198,3 +206,10 @@ def _completed_autoguide(autoguide_class):
 
 for _name, (_autoguide, _description) in AUTOGUIDES.items():
     register_guide(_name, _description, build=_completed_autoguide(_autoguide))(Completed)
+
+
+def _is_guide_class(guide) -> bool:
+    """A class, or a ``functools.partial`` of one (not yet a guide: built on the model)."""
+    while isinstance(guide, functools.partial):
+        guide = guide.func
+    return isinstance(guide, type)
