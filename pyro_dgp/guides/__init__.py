@@ -10,6 +10,7 @@ from .gaussian import LayerGaussian
 from .joint import JointGaussian
 from .meanfield import MeanField
 from .mixing import MixingNetwork, SemiImplicitNormal
+from .mixture import Mixture
 from .prototype import LayerSite
 from .semi_implicit import SemiImplicit
 
@@ -24,6 +25,7 @@ __all__ = [
     "LayerSite",
     "MeanField",
     "MixingNetwork",
+    "Mixture",
     "SemiImplicit",
     "SemiImplicitNormal",
     "complete",

@@ -18,6 +18,7 @@ from .chain import Chain
 from .completed import complete, inducing_only
 from .coupled import Coupled
 from .meanfield import MeanField
+from .mixture import Mixture
 from .semi_implicit import SemiImplicit
 
 __all__ = ["GUIDES", "LOCAL_INDUCING_GUIDES", "SEMI_IMPLICIT_GUIDES", "has_local_inducing",
@@ -54,6 +55,8 @@ GUIDES = {
     "sivi": "semi-implicit over the same family with the looser SIVI bound",
     "ssivi-tril": "SSIVI whose components carry correlations: covariance T diag(sigma^2) T^T, "
                   "T learned per layer",
+    "mixture": "a mixture of 4 mean-field Gaussians with learned weights, trained by the "
+               "stratified ELBO (Morningstar et al. 2021)",
     "amortized-ar1": "amortized encoder per layer, per-point inducing points, own U per path "
                      "(AVDGP AR1; needs an AmortizedGPLayer model)",
     "amortized-ar2": "amortized, U shared by the paths at their mean input (AVDGP AR2; needs "
@@ -125,4 +128,5 @@ def make_guide(name: str, model):
         "coupled-lowrank": lambda: Coupled(model, rank=10),
         "chain": lambda: Chain(model),
         "chain-per-point": lambda: Chain(model, per_point=True),
+        "mixture": lambda: Mixture(model),
     }[name]()

@@ -11,6 +11,7 @@ from pyro.infer import ELBO, RenyiELBO, TraceMeanField_ELBO
 
 from ..errors import user_errors_first
 from ..guides.amortized import Amortized
+from ..guides.mixture import Mixture
 from ..rng import seeded
 from ..validation import check_inputs, check_positive_int, check_targets
 from .alpha import LocalAlpha
@@ -18,6 +19,7 @@ from .amortized import AmortizedELBO
 from .elbo import AnalyticKL_ELBO, ReparamTrace_ELBO
 from .importance import RenyiELBO as ImportanceRenyiELBO
 from .importance import check_importance_weights
+from .mixture import SIWAE, StratifiedELBO
 
 __all__ = ["ELBOEstimate", "evaluate_elbo", "make_objective"]
 
@@ -31,6 +33,9 @@ _OBJECTIVES = {
     ),
     "renyi": lambda p, v: ImportanceRenyiELBO(alpha=0.5, num_particles=max(p, 2),
                                               vectorize_particles=v, max_plate_nesting=1),
+    # a Mixture guide's: each component drawn from in turn (infer/mixture.py)
+    "stratified": lambda p, v: StratifiedELBO(num_particles=p),
+    "siwae": lambda p, v: SIWAE(num_particles=p),
 }
 
 
@@ -46,7 +51,10 @@ def make_objective(objective, guide, num_particles: int = 1, alpha: float = 0.5,
     ``"meanfield"`` for other guides that factorise like the prior, else ``"elbo"``
     (Trace_ELBO). ``"meanfield"`` is :class:`~pyro_dgp.infer.elbo.AnalyticKL_ELBO`:
     TraceMeanField_ELBO's estimator (analytic KL), without the log-densities it discards.
-    ``"renyi"`` is :class:`~pyro_dgp.infer.importance.RenyiELBO` (alpha 0.5)."""
+    ``"renyi"`` is :class:`~pyro_dgp.infer.importance.RenyiELBO` (alpha 0.5).
+    ``"stratified"`` and ``"siwae"`` train a :class:`~pyro_dgp.guides.Mixture`
+    (:mod:`pyro_dgp.infer.mixture`, ``num_particles`` draws of each component), and
+    ``"auto"`` is ``"stratified"`` for it."""
     if isinstance(objective, ELBO):
         if isinstance(objective, TraceMeanField_ELBO):
             _warn_mean_field(guide)
@@ -65,6 +73,8 @@ def make_objective(objective, guide, num_particles: int = 1, alpha: float = 0.5,
     if objective == "auto":
         if isinstance(guide, Amortized):
             return AmortizedELBO()
+        if isinstance(guide, Mixture):
+            return StratifiedELBO(num_particles)
         objective = "meanfield" if getattr(guide, "mean_field", False) else "elbo"
     if objective not in _OBJECTIVES:
         raise ValueError(

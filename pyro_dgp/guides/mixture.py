@@ -1,0 +1,365 @@
+"""``Mixture``: a finite mixture of Gaussian guides of one family over the same model,
+
+    q(U) = sum_k pi_k q_k(U),    pi = softmax(logits),
+
+``U = (u^1, ..., u^L)`` every layer's inducing outputs and each ``q_k`` a guide of one Gaussian
+family (:class:`~pyro_dgp.guides.MeanField`, :class:`~pyro_dgp.guides.Coupled`,
+:class:`~pyro_dgp.guides.Chain`) built on the unchanged model. ``log q(U) = logsumexp_k
+(log pi_k + log q_k(U))`` is tractable, so every diagnostic that reads ``log q`` (PSIS, the
+importance weights) works as for one Gaussian. The mixture does not factorise over layers
+(``log q(U)`` is no sum of per-layer terms), so its ``<layer>.u`` sites score ``0`` except the
+last, which scores the whole ``log q(U)`` of the run's draw: a trace's log-densities sum to
+``log q(U)``, as Pyro's ELBOs and :func:`~pyro_dgp.diagnostics.variational_pareto_k` read them.
+
+A run of the guide draws one component per draw (``k ~ Categorical(pi)``, one per entry of the
+plates' batch: per Pyro particle, per predictive draw), then that component's ``U`` and its own
+estimator of ``f`` (collapsed where the family collapses). That is a draw of ``q(U)``, and the
+predictive (:func:`~pyro_dgp.predict`) is the mixture of the components' predictives. The
+choice of ``k`` is not reparameterised, so a plain ``Trace_ELBO`` gives the weights ``pi`` no
+gradient through it: train with the stratified objectives of :mod:`pyro_dgp.infer.mixture`
+(``fit``'s default for this guide), which run each component in turn (:meth:`component`).
+
+Components start apart: component 0 at the family's own start, component ``k >= 1`` with its
+means moved by ``spread`` times a draw of the prior ``p(u^l)`` of every layer, seeded by
+``seed + k`` (Morningstar et al. 2021 start the components of a mixture at different points
+so that they do not collapse onto one mode).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import pyro.distributions as dist
+import torch
+from pyro.distributions import constraints
+from pyro.nn import PyroModule, PyroParam
+from pyro.poutine.messenger import Messenger
+
+from ..gp.sites import InducingSite, layer_site
+from ..rng import seeded
+from ..state import swapped
+from ..validation import check_bool, check_positive_finite, check_positive_int
+from . import estimators
+from .base import GuideRun, LayerGuide
+from .joint import JointGaussian
+from .params import copy_into
+from .prototype import LayerSite
+
+__all__ = ["MIXTURE_FAMILIES", "Mixture", "component_log_q"]
+
+#: the registry's families a mixture is made of: Gaussian ``q(U)`` with a tractable density,
+#: each drawing ``u`` at its ``<layer>.u`` sites itself
+MIXTURE_FAMILIES = ("meanfield", "meanfield-sampled", "coupled", "coupled-per-point",
+                    "coupled-lowrank", "chain", "chain-per-point")
+
+
+def component_log_q(component: LayerGuide, values: list[torch.Tensor]) -> torch.Tensor:
+    """``(*batch,)`` ``log q_k(U)`` of one Gaussian guide at every layer's value
+    ``values[l] (*batch, D_l, M_l)`` (in the model's order), with the parameters' autograd graph.
+    A joint guide scores the stacked ``[vec u^1; ...; vec u^L]`` by its joint Gaussian; a guide
+    with independent layers sums each layer's ``log q(u^l)``."""
+    if isinstance(component, JointGaussian):
+        return component.log_q(torch.cat([v.flatten(-2) for v in values], dim=-1))
+    total = 0.0
+    for site, value in zip(component.layer_sites, values, strict=True):
+        g = component.layer_gaussian(site)
+        if g.row_trils is not None:  # independent rows: D_l Gaussians over M_l
+            rows = dist.MultivariateNormal(g.loc.reshape(site.shape), scale_tril=g.row_trils)
+            total = total + rows.log_prob(value).sum(-1)
+        else:
+            joint = dist.MultivariateNormal(g.loc, scale_tril=g.scale_tril())
+            total = total + joint.log_prob(value.flatten(-2))
+    return total
+
+
+@dataclass
+class MixtureRun(GuideRun):
+    """One run of :class:`Mixture`: each drawing component's own run (``None`` for the others),
+    the component of each draw by batch shape, each layer's value per component by layer
+    index, and each layer's final value (drawn or replayed) by layer index."""
+
+    runs: list = field(default_factory=list)
+    which: dict = field(default_factory=dict)
+    component_values: dict = field(default_factory=dict)
+    values: dict = field(default_factory=dict)
+
+
+class _MixtureInducing(dist.TorchDistribution):
+    """``<layer>.u`` of a mixture run: draws the run's components' ``u`` and keeps each draw's
+    own component; scores ``0`` but at the last layer, which scores ``log q(U)`` of the run's
+    values of every layer (module docstring)."""
+
+    arg_constraints = {}
+    support = constraints.real
+    has_rsample = True
+
+    def __init__(self, guide: Mixture, site: LayerSite, run: MixtureRun, batch_shape=()):
+        self.guide, self.site, self.run = guide, site, run
+        super().__init__(torch.Size(batch_shape), site.shape, validate_args=False)
+
+    def expand(self, batch_shape, _instance=None):
+        return _MixtureInducing(self.guide, self.site, self.run, batch_shape)
+
+    def rsample(self, sample_shape=torch.Size()):
+        if sample_shape:
+            raise NotImplementedError("a mixture guide draws through plates, not sample_shape")
+        return self.guide.draw_u(self.site, self.run, self.batch_shape)
+
+    def log_prob(self, value):
+        if not self.site.is_last:
+            return value.new_zeros(value.shape[:-2])
+        values = [self.run.values.get(s.index) for s in self.guide.layer_sites]
+        values[-1] = value
+        if any(v is None for v in values):
+            raise ValueError("Mixture: log q(U) needs every layer's u of the run; a layer "
+                             "was not sampled before the last")
+        return self.guide.log_q(values)
+
+
+class _RecordValues(Messenger):
+    """Keeps each ``<layer>.u`` value of a mixture run once it is final: the run's own draw or
+    a value replayed from another trace; the last site's ``log q(U)`` reads them."""
+
+    def __init__(self, guide: Mixture):
+        super().__init__()
+        self.guide = guide
+
+    def _pyro_post_sample(self, msg):
+        if not isinstance(layer_site(msg), InducingSite):
+            return
+        run = self.guide.current_run()
+        site = self.guide.find_site(msg["name"].rsplit(".", 1)[0])
+        if run is not None and site is not None:
+            run.values[site.index] = msg["value"]
+
+
+class Mixture(LayerGuide):
+    """A mixture of ``num_components`` guides of one Gaussian family (module docstring).
+
+    :param model: a :class:`~pyro_dgp.DeepGP` or a hand-written model of ``GPLayer``\\ s.
+    :param family: a name of :data:`MIXTURE_FAMILIES` (the registry's Gaussian families), or a
+        function ``model -> guide`` that builds one component (e.g.
+        ``lambda m: MeanField(m, inner_variance=1e-5)``), of a family with a Gaussian ``q(U)``.
+    :param num_components: ``K >= 1``.
+    :param learn_weights: learn ``pi`` (its logits, starting uniform); ``False`` keeps it
+        uniform.
+    :param spread: the scale of the prior draws that move the means of components ``1..K-1``
+        at the start (``0``: every component starts at the family's start).
+    :param seed: component ``k`` draws its start from ``seed + k``.
+
+    Not ``mean_field`` (no closed-form KL of a mixture). ``per_draw_weights`` where the
+    components' are (``family="meanfield-sampled"``); the SIWAE objective draws ``f`` given
+    ``U`` itself, whatever the family.
+    """
+
+    mean_field = False
+
+    def __init__(self, model, family: str | Callable = "meanfield", num_components: int = 4,
+                 learn_weights: bool = True, spread: float = 1.0, seed: int = 0, name=None):
+        super().__init__(model, name=name)
+        self.num_components = check_positive_int(num_components, "Mixture: num_components")
+        self.learn_weights = check_bool(learn_weights, "Mixture: learn_weights")
+        self.spread = 0.0 if spread == 0 else check_positive_finite(spread, "Mixture: spread")
+        self.seed = int(seed)
+        self.family = family
+        self.components = PyroModule[torch.nn.ModuleList](
+            [_build_component(family, model) for _ in range(self.num_components)])
+        self._component: int | None = None  # draw every draw from this component only
+        self._sampled_f = False  # every f from the model's conditional given the run's u
+
+    # ------------------------------------------------------------------- parameters
+    @property
+    def per_draw_weights(self) -> bool:
+        return self._sampled_f or all(c.per_draw_weights for c in self.components)
+
+    def setup(self, *args, **kwargs) -> None:
+        for component in self.components:
+            if not component.is_set_up:
+                component.setup(*args, **kwargs)
+        super().setup(*args, **kwargs)
+
+    def _setup_sites(self, sites: list[LayerSite]) -> None:
+        like = sites[0].layer.inducing_points
+        logits = torch.zeros(self.num_components, dtype=like.dtype, device=like.device)
+        if self.learn_weights:
+            self.logits = PyroParam(logits)
+        else:
+            self.register_buffer("logits", logits)
+        for k, component in enumerate(self.components):
+            if k > 0 and self.spread > 0:
+                self._move_means(component, self.seed + k, like.device)
+
+    def _move_means(self, component: LayerGuide, seed: int, device) -> None:
+        """Move ``component``'s means by ``spread`` times a prior draw of every layer."""
+        with torch.no_grad(), seeded(seed, device):
+            shift = torch.cat([s.layer.prior().sample().reshape(-1)
+                               for s in component.layer_sites])
+            q = component.q()
+            loc = q.loc + self.spread * shift
+            if isinstance(q, torch.distributions.LowRankMultivariateNormal):
+                moved = dist.LowRankMultivariateNormal(loc, q.cov_factor, q.cov_diag)
+            else:
+                moved = dist.MultivariateNormal(loc, scale_tril=q.scale_tril)
+            component.set_q(moved)
+
+    def weights(self) -> torch.Tensor:
+        """``(K,)`` the mixture weights ``pi``, detached."""
+        self._ensure_set_up()
+        with torch.no_grad():
+            return self.mixture_log_weights().exp()
+
+    def set_weights(self, weights) -> None:
+        """Set ``pi`` to ``weights`` (``(K,)``, positive, summing to one)."""
+        self._ensure_set_up()
+        w = torch.as_tensor(weights, dtype=self.logits.dtype, device=self.logits.device)
+        if w.shape != (self.num_components,) or not bool((w > 0).all()) or not bool(
+                torch.isclose(w.sum(), w.new_ones(()))):
+            raise ValueError(f"Mixture.set_weights: weights must be {self.num_components} "
+                             f"positive numbers summing to one, got {w.tolist()}")
+        with torch.no_grad():
+            if self.learn_weights:
+                copy_into(self, "logits", w.log(), constraints.real)
+            else:
+                self.logits.copy_(w.log())
+
+    def mixture_log_weights(self) -> torch.Tensor:
+        """``(K,)`` ``log pi`` with the logits' autograd graph."""
+        self._ensure_set_up()
+        return torch.log_softmax(self.logits, dim=-1)
+
+    def log_q(self, values: list[torch.Tensor]) -> torch.Tensor:
+        """``(*batch,)`` ``log q(U) = logsumexp_k (log pi_k + log q_k(U))`` at every layer's
+        value ``values[l] (*batch, D_l, M_l)``, in the model's order (with autograd graph)."""
+        log_pi = self.mixture_log_weights()
+        terms = [log_pi[k] + component_log_q(c, values) for k, c in enumerate(self.components)]
+        return torch.logsumexp(torch.stack(terms), dim=0)
+
+    # ------------------------------------------------------------------- modes of a run
+    @contextlib.contextmanager
+    def component(self, k: int) -> Iterator[Mixture]:
+        """Within this context every run draws ``U`` (and ``f``) from component ``k`` only,
+        still scored by the mixture's ``log q(U)``: one stratum of the stratified objectives."""
+        if not 0 <= int(k) < self.num_components:
+            raise ValueError(f"Mixture: component k must be in 0..{self.num_components - 1}, "
+                             f"got {k}")
+        with swapped(self, "_component", int(k)):
+            yield self
+
+    @contextlib.contextmanager
+    def sampled_f(self) -> Iterator[Mixture]:
+        """Within this context every ``f`` is drawn from the model's conditional given the run's
+        ``u`` (the sampled-u estimator), so a run's log-densities are an importance weight
+        (:func:`~pyro_dgp.importance_weights`), whatever the components' estimators."""
+        with swapped(self, "_sampled_f", True):
+            yield self
+
+    @contextlib.contextmanager
+    def shared_draws(self) -> Iterator[Mixture]:
+        with contextlib.ExitStack() as stack:
+            for component in self.components:
+                stack.enter_context(component.shared_draws())
+            stack.enter_context(super().shared_draws())
+            yield self
+
+    # ------------------------------------------------------------------- runs
+    def _drawing(self) -> list[int]:
+        return list(range(self.num_components)) if self._component is None else [self._component]
+
+    def new_run(self, *args, **kwargs) -> MixtureRun:
+        runs = [None] * self.num_components
+        for k in self._drawing():
+            runs[k] = self.components[k].new_run(*args, **kwargs)
+        return MixtureRun(runs=runs)
+
+    def u_site(self, site, run):
+        return _MixtureInducing(self, site, run)
+
+    def _which(self, run: MixtureRun, batch_shape: torch.Size) -> torch.Tensor | None:
+        """The component of each draw ``(*batch_shape)`` of a run (``None``: one component)."""
+        if len(self._drawing()) == 1:
+            return None
+        if batch_shape not in run.which:
+            logits = self.logits.detach()
+            run.which[batch_shape] = dist.Categorical(logits=logits).sample(batch_shape)
+        return run.which[batch_shape]
+
+    def draw_u(self, site: LayerSite, run: MixtureRun, batch_shape: torch.Size) -> torch.Tensor:
+        """``(*batch_shape, D, M)``: each draw's ``u`` of ``site`` from its own component."""
+        values = {}
+        for k in self._drawing():
+            q = self.components[k].u_site(site, run.runs[k])
+            if q.batch_shape != batch_shape:
+                q = q.expand(batch_shape)
+            values[k] = q.rsample()
+        run.component_values[site.index] = values
+        return self._select(values, self._which(run, batch_shape), 2)
+
+    @staticmethod
+    def _select(values: dict, which: torch.Tensor | None, event_dims: int):
+        """Each draw's entry of ``values[k]`` for its component ``which`` (batch dims left of
+        the last ``event_dims``); the one value where one component draws."""
+        if which is None:
+            return next(iter(values.values()))
+        which = which.reshape(which.shape + (1,) * event_dims)
+        out = values[0]
+        for k in range(1, len(values)):
+            out = torch.where(which == k, values[k], out)
+        return out
+
+    def _estimate(self, method: str, site, x, u, run: MixtureRun):
+        own = run.component_values.get(site.index)
+        if self._sampled_f or own is None:  # or u replayed: the sampled-u estimator is exact
+            return estimators.sampled(site, x, u)
+        # the layer hands u over as its site drew it less the data plate's singleton
+        outs = {k: getattr(self.components[k], method)(site, x, v.reshape(u.shape), run.runs[k])
+                for k, v in own.items()}
+        if any(not isinstance(o, tuple) for o in outs.values()):
+            raise TypeError("Mixture: a component's estimator of f must be (loc, var)")
+        which = self._which(run, next(iter(own.values())).shape[:-2])
+        if which is not None:
+            which = which.reshape(u.shape[:-2])
+        # f is (*batch, N, D_out): the draw's component broadcast over the points and outputs
+        loc = self._select({k: o[0] for k, o in outs.items()}, which, 2)
+        var = self._select({k: o[1] for k, o in outs.items()}, which, 2)
+        return loc, var
+
+    def f_marginal(self, site, x, u, run):
+        """Each draw's ``f`` from its own component's estimator (the sampled-u estimator under
+        :meth:`sampled_f`, or where ``u`` was replayed rather than drawn by this run)."""
+        return self._estimate("f_marginal", site, x, u, run)
+
+    def f_given_u(self, site, x, u, run):
+        return self._estimate("f_given_u", site, x, u, run)
+
+    def forward(self, *args, **kwargs):
+        with _RecordValues(self):
+            return super().forward(*args, **kwargs)
+
+
+def _build_component(family, model) -> LayerGuide:
+    """One component of ``family`` (a name of :data:`MIXTURE_FAMILIES` or a builder) on
+    ``model``."""
+    if isinstance(family, str):
+        if family not in MIXTURE_FAMILIES:
+            raise ValueError(
+                f"Mixture: family must be one of {list(MIXTURE_FAMILIES)} (Gaussian guides "
+                f"with a tractable log q(U)), or a function model -> guide; got {family!r}")
+        from .registry import make_guide  # the registry lists Mixture itself
+
+        return make_guide(family, model)
+    if not callable(family):
+        raise TypeError(f"Mixture: family must be a name of {list(MIXTURE_FAMILIES)} or a "
+                        f"function model -> guide, got {type(family).__name__}")
+    component = family(model)
+    if not isinstance(component, LayerGuide) or getattr(component, "model", None) is not model:
+        raise TypeError(f"Mixture: family(model) must return a layer guide of that model "
+                        f"(e.g. MeanField(model)), got {type(component).__name__}")
+    if (type(component).layer_gaussian is LayerGuide.layer_gaussian
+            or getattr(component, "tractable_log_q", True) is False
+            or getattr(component, "supports_local_inducing", False)):
+        raise ValueError(f"Mixture: family builds {type(component).__name__}, whose q(U) is not "
+                         "a Gaussian with a tractable density; use one of "
+                         f"{list(MIXTURE_FAMILIES)}")
+    return component
