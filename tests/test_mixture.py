@@ -88,7 +88,8 @@ def test_the_stratified_elbo_of_identical_components_is_the_component_elbo():
     g = torch.Generator().manual_seed(3)
     loc = 0.5 * torch.randn(8, generator=g, dtype=DT)
     A = torch.randn(8, 8, generator=g, dtype=DT)
-    q = MultivariateNormal(loc, covariance_matrix=0.05 * A @ A.mT / 8 + 0.02 * torch.eye(8, dtype=DT))
+    cov = 0.05 * A @ A.mT / 8 + 0.02 * torch.eye(8, dtype=DT)
+    q = MultivariateNormal(loc, covariance_matrix=cov)
     for component in mixture.components:
         component.set_q(q, "layer1")
     mixture.set_weights(torch.tensor([0.6, 0.3, 0.1], dtype=DT))
