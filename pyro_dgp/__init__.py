@@ -14,6 +14,7 @@ from .diagnostics import (
     load_datatree,
     plot_diagnostics,
     save_datatree,
+    stack,
     to_datatree,
     variational_pareto_k,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "load_datatree",
     "plot_diagnostics",
     "save_datatree",
+    "stack",
     "to_datatree",
     "variational_pareto_k",
     "CholeskyError",
