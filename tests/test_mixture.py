@@ -110,6 +110,20 @@ def test_the_stratified_elbo_of_identical_components_is_the_component_elbo():
     assert stderr < 0.1
 
 
+def test_the_layer_kl_of_identical_components_is_the_components_closed_form():
+    model, X, y = _two_layer()
+    mixture = Mixture(model, num_components=2, spread=0)
+    for component in mixture.components:
+        component.set_q(MultivariateNormal(0.3 * torch.ones(5, dtype=DT),
+                                           scale_tril=0.5 * torch.eye(5, dtype=DT)), "layer1")
+    exact = float(mixture.components[0].layer_kl("layer1"))
+    got = float(mixture.layer_kl("layer1", num_draws=4000))
+    assert got == pytest.approx(exact, abs=0.05), (got, exact)
+    assert float(mixture.layer_kl("layer1")) == float(mixture.layer_kl("layer1"))  # seeded
+    kls = dgp.diagnostics.layer_kl(model, mixture, X)
+    assert set(kls) == {"layer1", "layer2"} and all(v > 0 for v in kls.values())
+
+
 def test_siwae_is_at_least_the_stratified_elbo():
     model, X, y = _single_layer(M=6)
     mixture = Mixture(model, num_components=2, spread=1.0)

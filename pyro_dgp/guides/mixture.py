@@ -236,6 +236,30 @@ class Mixture(LayerGuide):
         terms = [log_pi[k] + component_log_q(c, values) for k, c in enumerate(self.components)]
         return torch.logsumexp(torch.stack(terms), dim=0)
 
+    def layer_kl(self, site: LayerSite | str, random_inducing: bool = False,
+                 num_draws: int = 1024) -> torch.Tensor:
+        """``KL(q(u^l) || p(u^l))`` of one layer's marginal ``q(u^l) = sum_k pi_k q_k(u^l)``,
+        by stratified Monte Carlo (no closed form for a mixture): ``sum_k pi_k mean_s [log
+        q(u_ks) - log p(u_ks)]`` over ``num_draws`` draws ``u_ks ~ q_k(u^l)`` of each
+        component, from a fixed seed (the same number at every call; the global random state
+        untouched). ``nan`` with ``random_inducing`` (a prior batched over draws of the
+        inducing inputs), which this estimate does not cover."""
+        site = self.site(site) if isinstance(site, str) else site
+        like = site.layer.inducing_points
+        if random_inducing:
+            return torch.full((), float("nan"), dtype=like.dtype, device=like.device)
+        parts = [c.layer_gaussian(c.site(site.name)).distribution() for c in self.components]
+        log_pi = self.weights().log()
+        kl = like.new_zeros(())
+        with torch.no_grad(), seeded(0, like.device):
+            for k, part in enumerate(parts):
+                v = part.sample((num_draws,))  # (num_draws, D M)
+                log_q = torch.logsumexp(torch.stack(
+                    [log_pi[j] + parts[j].log_prob(v) for j in range(len(parts))]), dim=0)
+                log_p = site.layer.prior().log_prob(v.reshape((num_draws,) + site.shape))
+                kl = kl + log_pi[k].exp() * (log_q - log_p).mean()
+        return kl
+
     # ------------------------------------------------------------------- modes of a run
     @contextlib.contextmanager
     def component(self, k: int) -> Iterator[Mixture]:
