@@ -190,6 +190,8 @@ def test_bad_arguments_are_refused_by_name():
         Mixture(model, family=lambda m: dgp.guides.SemiImplicit(m))
     with pytest.raises(TypeError, match="family must be"):
         Mixture(model, family=3)
+    with pytest.raises(ValueError, match="inner_variance"):
+        Mixture(model, inner_variance=-1.0)
     with pytest.raises(TypeError, match="StratifiedELBO trains a mixture guide"):
         StratifiedELBO().loss(model, dgp.guides.MeanField(model), X, y)
     with pytest.raises(ValueError, match="set_weights"):

@@ -21,8 +21,11 @@ gradient through it: train with the stratified objectives of :mod:`pyro_dgp.infe
 
 Components start apart: component 0 at the family's own start, component ``k >= 1`` with its
 means moved by ``spread`` times a draw of the prior ``p(u^l)`` of every layer, seeded by
-``seed + k`` (Morningstar et al. 2021 start the components of a mixture at different points
-so that they do not collapse onto one mode).
+``seed + k``, and every component narrower than that spread in its inner layers
+(``inner_variance``; MeanField's own start is the prior, as wide as the spread). On the
+two-mode toy (:func:`pyro_dgp.gold.two_mode_model`), K = 4 MeanField components started at the
+prior all ended in one mode; started at ``inner_variance = 0.01``, one of them ended in the
+other mode (numbers in :mod:`pyro_dgp.infer.mixture`).
 """
 
 from __future__ import annotations
@@ -43,16 +46,15 @@ from ..state import swapped
 from ..validation import check_bool, check_positive_finite, check_positive_int
 from . import estimators
 from .base import GuideRun, LayerGuide
+from .chain import Chain
+from .coupled import Coupled
 from .joint import JointGaussian
+from .meanfield import MeanField
 from .params import copy_into
 from .prototype import LayerSite
 
 __all__ = ["MIXTURE_FAMILIES", "Mixture", "component_log_q"]
 
-#: the registry's families a mixture is made of: Gaussian ``q(U)`` with a tractable density,
-#: each drawing ``u`` at its ``<layer>.u`` sites itself
-MIXTURE_FAMILIES = ("meanfield", "meanfield-sampled", "coupled", "coupled-per-point",
-                    "coupled-lowrank", "chain", "chain-per-point")
 
 
 def component_log_q(component: LayerGuide, values: list[torch.Tensor]) -> torch.Tensor:
@@ -142,6 +144,10 @@ class Mixture(LayerGuide):
     :param family: a name of :data:`MIXTURE_FAMILIES` (the registry's Gaussian families), or a
         function ``model -> guide`` that builds one component (e.g.
         ``lambda m: MeanField(m, inner_variance=1e-5)``), of a family with a Gaussian ``q(U)``.
+    :param inner_variance: the initial variance of each component's inner layers (whitened,
+        as the families' own ``inner_variance``); ``None``: ``0.01`` for the MeanField
+        families, the family's own start (``1e-5``) for Coupled and Chain. Not used with a
+        builder ``family``.
     :param num_components: ``K >= 1``.
     :param learn_weights: learn ``pi`` (its logits, starting uniform); ``False`` keeps it
         uniform.
@@ -157,15 +163,19 @@ class Mixture(LayerGuide):
     mean_field = False
 
     def __init__(self, model, family: str | Callable = "meanfield", num_components: int = 4,
-                 learn_weights: bool = True, spread: float = 1.0, seed: int = 0, name=None):
+                 learn_weights: bool = True, spread: float = 1.0, seed: int = 0,
+                 inner_variance: float | None = None, name=None):
         super().__init__(model, name=name)
         self.num_components = check_positive_int(num_components, "Mixture: num_components")
         self.learn_weights = check_bool(learn_weights, "Mixture: learn_weights")
         self.spread = 0.0 if spread == 0 else check_positive_finite(spread, "Mixture: spread")
         self.seed = int(seed)
+        if inner_variance is not None:
+            inner_variance = check_positive_finite(inner_variance, "Mixture: inner_variance")
         self.family = family
         self.components = PyroModule[torch.nn.ModuleList](
-            [_build_component(family, model) for _ in range(self.num_components)])
+            [_build_component(family, model, inner_variance)
+             for _ in range(self.num_components)])
         self._component: int | None = None  # draw every draw from this component only
         self._sampled_f = False  # every f from the model's conditional given the run's u
 
@@ -362,7 +372,28 @@ class Mixture(LayerGuide):
             return super().forward(*args, **kwargs)
 
 
-def _build_component(family, model) -> LayerGuide:
+#: name -> (model, inner_variance) -> one component; ``inner_variance=None`` as the
+#: family's default
+_FAMILIES = {
+    "meanfield": lambda m, v: MeanField(m, inner_variance=0.01 if v is None else v),
+    "meanfield-sampled": lambda m, v: MeanField(m, collapsed=False,
+                                                inner_variance=0.01 if v is None else v),
+    "coupled": lambda m, v: Coupled(m, **_inner(v)),
+    "coupled-per-point": lambda m, v: Coupled(m, per_point=True, **_inner(v)),
+    "coupled-lowrank": lambda m, v: Coupled(m, rank=10, **_inner(v)),
+    "chain": lambda m, v: Chain(m, **_inner(v)),
+    "chain-per-point": lambda m, v: Chain(m, per_point=True, **_inner(v)),
+}
+#: the registry's families a mixture is made of: Gaussian ``q(U)`` with a tractable density,
+#: each drawing ``u`` at its ``<layer>.u`` sites itself
+MIXTURE_FAMILIES = tuple(_FAMILIES)
+
+
+def _inner(inner_variance: float | None) -> dict:
+    return {} if inner_variance is None else {"inner_variance": inner_variance}
+
+
+def _build_component(family, model, inner_variance: float | None) -> LayerGuide:
     """One component of ``family`` (a name of :data:`MIXTURE_FAMILIES` or a builder) on
     ``model``."""
     if isinstance(family, str):
@@ -370,9 +401,7 @@ def _build_component(family, model) -> LayerGuide:
             raise ValueError(
                 f"Mixture: family must be one of {list(MIXTURE_FAMILIES)} (Gaussian guides "
                 f"with a tractable log q(U)), or a function model -> guide; got {family!r}")
-        from .registry import make_guide  # the registry lists Mixture itself
-
-        return make_guide(family, model)
+        return _FAMILIES[family](model, inner_variance)
     if not callable(family):
         raise TypeError(f"Mixture: family must be a name of {list(MIXTURE_FAMILIES)} or a "
                         f"function model -> guide, got {type(family).__name__}")
