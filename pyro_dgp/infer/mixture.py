@@ -96,7 +96,29 @@ def component_log_weights(model, guide: Mixture, k: int, num_draws: int, args, k
             return _log_weights(model_trace, guide_trace, num_draws)
 
 
-class StratifiedELBO(LossFromDifferentiable):
+class _Stratified(LossFromDifferentiable):
+    """A loss from ``S = num_particles`` draws of every component of a mixture guide."""
+
+    #: whether each draw's log-weight is an importance weight (:func:`component_log_weights`)
+    importance = False
+
+    def __init__(self, num_particles: int = 1):
+        self.num_particles = check_positive_int(num_particles,
+                                                f"{type(self).__name__}: num_particles")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(num_particles={self.num_particles})"
+
+    def _log_weights(self, model, guide, args, kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(log pi (K,), log w (K, S))`` with their autograd graphs."""
+        guide = check_mixture(guide, type(self).__name__)
+        log_w = torch.stack([component_log_weights(model, guide, k, self.num_particles, args,
+                                                   kwargs, weights=self.importance)
+                             for k in range(guide.num_components)])
+        return guide.mixture_log_weights(), log_w
+
+
+class StratifiedELBO(_Stratified):
     """The stratified ELBO of a :class:`~pyro_dgp.guides.Mixture` (module docstring) as a Pyro
     loss (``loss``, ``loss_and_grads``, ``differentiable_loss``): ``-sum_k pi_k (1/S) sum_s
     log w_ks``. For ``K = 1`` it is ``Trace_ELBO``'s estimate for the one component.
@@ -104,21 +126,12 @@ class StratifiedELBO(LossFromDifferentiable):
     :param num_particles: ``S``, the draws of each component per evaluation.
     """
 
-    def __init__(self, num_particles: int = 1):
-        self.num_particles = check_positive_int(num_particles, "StratifiedELBO: num_particles")
-
-    def __repr__(self) -> str:
-        return f"StratifiedELBO(num_particles={self.num_particles})"
-
     def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
-        guide = check_mixture(guide, "StratifiedELBO")
-        S = self.num_particles
-        means = torch.stack([component_log_weights(model, guide, k, S, args, kwargs).mean()
-                             for k in range(guide.num_components)])
-        return -(guide.mixture_log_weights().exp() * means).sum()
+        log_pi, log_w = self._log_weights(model, guide, args, kwargs)
+        return -(log_pi.exp() * log_w.mean(-1)).sum()
 
 
-class SIWAE(LossFromDifferentiable):
+class SIWAE(_Stratified):
     """The stratified importance-weighted bound of a :class:`~pyro_dgp.guides.Mixture` (module
     docstring) as a Pyro loss: ``-log sum_k pi_k (1/S) sum_s w_ks``, at least the stratified
     ELBO on the same draws. With ``S = 1`` per component and ``K = 1`` it is the ELBO of
@@ -127,17 +140,9 @@ class SIWAE(LossFromDifferentiable):
     :param num_particles: ``S``, the draws of each component per evaluation.
     """
 
-    def __init__(self, num_particles: int = 1):
-        self.num_particles = check_positive_int(num_particles, "SIWAE: num_particles")
-
-    def __repr__(self) -> str:
-        return f"SIWAE(num_particles={self.num_particles})"
+    importance = True
 
     def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
-        guide = check_mixture(guide, "SIWAE")
-        S = self.num_particles
-        log_w = torch.stack([component_log_weights(model, guide, k, S, args, kwargs,
-                                                   weights=True)
-                             for k in range(guide.num_components)])  # (K, S)
-        log_pi = guide.mixture_log_weights().unsqueeze(-1)
-        return -(torch.logsumexp((log_pi + log_w).flatten(), dim=0) - math.log(S))
+        log_pi, log_w = self._log_weights(model, guide, args, kwargs)  # (K,), (K, S)
+        return -(torch.logsumexp((log_pi.unsqueeze(-1) + log_w).flatten(), dim=0)
+                 - math.log(self.num_particles))
