@@ -25,6 +25,22 @@ per-batch estimate ``log p(U) + (N / B) log p(y_B | U) - log q(U)``. The stratif
 linear in it and stays unbiased for the whole-data ELBO; SIWAE on a batch is the bound of that
 scaled per-batch joint (the local estimate), not an unbiased estimate of the whole-data SIWAE
 (as for :class:`~pyro_dgp.infer.importance.RenyiELBO` and the local alpha objective).
+
+Measured on the two-mode toy (:func:`pyro_dgp.gold.two_mode_model`, hyperparameters fixed;
+``Mixture(model, num_components=4)`` of MeanField, Adam at ``5e-3`` constant, one thread; 2,000
+draws of ``f^1(1)``, mode A above ``0.5``, B below ``-0.5``; NUTS: equal masses), 2026-11-27:
+
+- components started at the prior (MeanField's own start, variance 1) with spread means,
+  stratified ELBO, 3,000 steps, seed 0: every component in mode B (100% of the draws), ELBO
+  -30.31 (0.27), MeanField's level;
+- started narrower (``inner_variance=0.01``, now the default), 1,000 steps, seeds 0 and 1: one
+  component of four in mode A, three in B each time; with learned weights A keeps 7.9% and
+  1.1% of the draws (the weights gather on one of the three overlapping B components), ELBO
+  -33.81 (0.28) and -33.97 (0.30); with fixed uniform weights 27.1% and 24.4%, ELBO -36.09
+  (0.16) and -35.52 (0.17);
+- SIWAE (one draw per component, its ``f`` given ``U``) with the same starts had not
+  converged in 1,000 steps (its stratified ELBO -228.5 and -408.0; at the prior start, 3,000
+  steps, -288.2), so the stratified ELBO is the mixture's default (``fit``'s ``"auto"``).
 """
 
 from __future__ import annotations
