@@ -195,6 +195,8 @@ def test_bad_arguments_are_refused_by_name():
         Mixture(model, inner_variance=-1.0)
     with pytest.raises(TypeError, match="StratifiedELBO trains a mixture guide"):
         StratifiedELBO().loss(model, dgp.guides.MeanField(model), X, y)
+    with pytest.warns(UserWarning, match="use objective='stratified'"):
+        dgp.infer.make_objective("elbo", Mixture(model))
     with pytest.raises(ValueError, match="set_weights"):
         Mixture(model, num_components=2).set_weights([0.5, 0.6])
 

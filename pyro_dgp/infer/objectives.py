@@ -81,11 +81,24 @@ def make_objective(objective, guide, num_particles: int = 1, alpha: float = 0.5,
             f"objective must be a pyro ELBO or one of {['auto', 'alpha', *_OBJECTIVES]}, got "
             f"{objective!r}"
         )
+    if isinstance(guide, Mixture) and objective not in ("stratified", "siwae"):
+        _warn_mixture(guide, objective)
     if objective == "meanfield":
         _warn_mean_field(guide)
     if objective == "renyi":
         check_importance_weights(guide)
     return _OBJECTIVES[objective](num_particles, num_particles > 1)
+
+
+def _warn_mixture(guide: Mixture, objective: str) -> None:
+    """A run of a mixture guide draws each draw's component, which is not reparameterised:
+    under another objective its learned weights get no gradient through that choice."""
+    if guide.learn_weights:
+        warnings.warn(
+            f"objective {objective!r} with a Mixture guide: each draw's component is drawn "
+            "without a reparameterisation, so the mixture weights get a biased gradient; use "
+            "objective='stratified' (fit's default for it) or 'siwae'",
+            UserWarning, stacklevel=3)
 
 
 def _warn_mean_field(guide) -> None:
