@@ -15,6 +15,7 @@ from .diagnostics import (
     load_datatree,
     plot_diagnostics,
     save_datatree,
+    stack,
     to_datatree,
     variational_pareto_k,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "load_datatree",
     "plot_diagnostics",
     "save_datatree",
+    "stack",
     "to_datatree",
     "variational_pareto_k",
     "CholeskyError",

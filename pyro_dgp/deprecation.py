@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import sys
 import warnings
 
 __all__ = ["PyroDGPDeprecationWarning", "keyword_renamer", "renamed_keywords", "renamed_value",
@@ -35,7 +34,7 @@ class PyroDGPDeprecationWarning(DeprecationWarning):
 def user_stacklevel() -> int:
     """The ``stacklevel`` that makes a ``warnings.warn`` in the function calling this one point
     at the first frame outside this package: the user's line, however deep the call."""
-    frame, level = sys._getframe(1), 1  # the caller's own frame is stacklevel 1
+    frame, level = inspect.currentframe().f_back, 1  # the caller's own frame: stacklevel 1
     while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == _PACKAGE:
         frame, level = frame.f_back, level + 1
     return level

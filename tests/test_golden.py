@@ -32,8 +32,9 @@ WRITE = os.environ.get("PYRO_DGP_WRITE_GOLDEN") == "1"
 #: they need, of AmortizedGPLayers (per-point inducing outputs). Of the amortized guides, at
 #: about 3 s each, the default run keeps AR2PP (quadrature nodes, weights, the predictive
 #: objective and the weighted predictive); AR1, AR2 and AR2P run with -m slow, and so do
-#: SIVI, which differs from SSIVI only in its bound, and SSIVI with correlated components.
-CASES = [("fixed", name) if name not in ("sivi", "ssivi-tril") else pytest.param(
+#: SIVI, which differs from SSIVI only in its bound, and SSIVI with correlated components,
+#: and the mixture of four MeanField guides (four runs a step, 8 times MeanField's time).
+CASES = [("fixed", name) if name not in ("sivi", "ssivi-tril", "mixture") else pytest.param(
     "fixed", name, marks=[pytest.mark.slow])
          for name in sorted(set(GUIDES) - LOCAL_INDUCING_GUIDES)] + [
     ("locations", "meanfield"),

@@ -25,8 +25,8 @@ EXACT = {"meanfield", "coupled", "coupled-per-point", "chain", "chain-per-point"
 #: normalising flow; the semi-implicit families (a continuous mixture of Gaussians, Molchanova
 #: et al. 2019); the amortized guides, whose q(u_n) is one Gaussian per data point (Meng and
 #: Zhang 2024; they are checked on a one-layer model of AmortizedGPLayers, the only kind they
-#: fit)
-NOT_GAUSSIAN = {"autoiaf": "not a known Gaussian",
+#: fit); and a finite mixture of Gaussians (guides.Mixture)
+NOT_GAUSSIAN = {"autoiaf": "not a known Gaussian", "mixture": r"Mixture: q\(u\) is not Gaussian",
                 **{name: r"SemiImplicit: q\(u\) is not Gaussian"
                    for name in SEMI_IMPLICIT_GUIDES},
                 **{name: "per data point" for name in LOCAL_INDUCING_GUIDES}}

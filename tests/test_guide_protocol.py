@@ -27,8 +27,9 @@ PAGE = Path(__file__).resolve().parent.parent / "docs" / "write-a-guide.md"
 #: return); a name added to the protocol must be added here
 FLAGS = {"mean_field": bool, "per_draw_weights": bool, "no_weights_reason": str,
          "tractable_log_q": bool, "supports_local_inducing": bool, "is_layer_guide": bool,
-         "is_set_up": bool, "draws_shared": bool}
-METHODS = {"default_objective", "model", "layers_log_q", "natural_gradient_blocks",
+         "is_set_up": bool, "draws_shared": bool, "only_its_objective": bool}
+METHODS = {"default_objective", "num_components", "model", "layers_log_q",
+           "natural_gradient_blocks",
            "export_attrs", "weighted_paths", "shared_draws", "sample_paths"}
 
 
@@ -45,7 +46,8 @@ def _check_protocol(guide, model, X):
     for flag, kind in FLAGS.items():
         assert isinstance(getattr(answers, flag), kind), flag
     assert answers.is_layer_guide and answers.is_set_up and not answers.draws_shared
-    assert answers.default_objective in ("elbo", "meanfield", "amortized")
+    assert answers.default_objective in ("elbo", "analytic-kl", "amortized", "stratified")
+    assert answers.num_components is None or answers.num_components >= 1
     trace = trace_draws(guide, (X,), S)
     log_q = answers.layers_log_q(trace, S)
     assert log_q is None or (isinstance(log_q, torch.Tensor) and log_q.shape == (S,))

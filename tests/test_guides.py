@@ -234,15 +234,15 @@ def test_hand_written_model_with_plain_svi(Elbo):
 
 
 def _matrix():
-    """Every guide x depth x likelihood. For the semi-implicit and amortized families, whose
-    steps are the slowest, the default run keeps the Gaussian at one and three layers (``sivi``,
-    which differs from ``ssivi`` only in its bound, and ``ssivi-tril``, only in its components,
-    at one), and Student-t and probit at one
+    """Every guide x depth x likelihood. For the semi-implicit, amortized and mixture families,
+    whose steps are the slowest, the default run keeps the Gaussian at one and three layers
+    (``sivi``, which differs from ``ssivi`` only in its bound, and ``ssivi-tril``, only in its
+    components, at one), and Student-t and probit at one
     layer for one guide per way the likelihood is scored (``ssivi``: Trace_ELBO;
     ``amortized-ar2p``: the weighted-path ELBO; ``amortized-ar2pp``: the predictive
     objective); their other cells run with ``-m slow``."""
     every_likelihood = {"ssivi", "amortized-ar2p", "amortized-ar2pp"}
-    later = LOCAL_INDUCING_GUIDES | SEMI_IMPLICIT_GUIDES
+    later = LOCAL_INDUCING_GUIDES | SEMI_IMPLICIT_GUIDES | {"mixture"}  # mixture: K runs a step
     cells = []
     for name in sorted(GUIDES):
         for num_layers in (1, 3):

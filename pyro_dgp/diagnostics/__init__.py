@@ -1,6 +1,8 @@
-"""ArviZ export and diagnostics of variational fits: per-layer summaries, PSIS, plots."""
+"""ArviZ export and diagnostics of variational fits: per-layer summaries, PSIS, plots, and
+the stacking of several fits."""
 
 from .compare import GuideComparisonWarning, predictive_scores
+from .ensemble import Stacked, stack
 from .export import load_datatree, save_datatree, to_datatree
 from .kl import layer_kl
 from .layers import layer_summary, layer_variance
@@ -18,6 +20,7 @@ from .psis import compare_guides, loo, variational_pareto_k
 __all__ = [
     "MAX_INPUT_PANELS",
     "GuideComparisonWarning",
+    "Stacked",
     "compare_guides",
     "layer_kl",
     "layer_summary",
@@ -32,6 +35,7 @@ __all__ = [
     "predictive_scores",
     "save_datatree",
     "skipped_plots",
+    "stack",
     "to_datatree",
     "variational_pareto_k",
 ]

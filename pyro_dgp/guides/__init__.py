@@ -7,6 +7,7 @@ from .families.chain import Chain
 from .families.completed import Completed, complete, inducing_only
 from .families.coupled import Coupled
 from .families.meanfield import MeanField
+from .families.mixture import Mixture
 from .families.semi_implicit import SemiImplicit
 from .gaussian import LayerGaussian
 from .joint import JointGaussian
@@ -27,6 +28,7 @@ __all__ = [
     "LayerSite",
     "MeanField",
     "MixingNetwork",
+    "Mixture",
     "SemiImplicit",
     "SemiImplicitNormal",
     "complete",

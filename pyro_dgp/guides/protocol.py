@@ -70,6 +70,21 @@ class GuideProtocol:
         return "analytic-kl" if self.mean_field else "elbo"
 
     @property
+    def num_components(self) -> int | None:
+        """The number of components of a mixture guide, whose stratified objectives
+        (:mod:`pyro_dgp.infer.mixture`) run each component in turn through its
+        ``component(k)``, ``sampled_f()`` and ``mixture_log_weights()``; ``None`` for a guide
+        that is no mixture."""
+        return None
+
+    @property
+    def only_its_objective(self) -> bool:
+        """Whether objectives other than :attr:`default_objective` give a biased gradient:
+        the guide chooses part of each draw without a reparameterisation (a mixture's
+        component, with learned weights), which only its own objective accounts for."""
+        return False
+
+    @property
     def model(self):
         """The model the guide was built on (``None`` for a guide that names none)."""
         return None

@@ -3,6 +3,7 @@
 from .checkpoint import load_fit, save_fit
 from .elbo import AnalyticKL_ELBO
 from .importance import RenyiELBO, importance_weights
+from .mixture import SIWAE, StratifiedELBO
 from .objectives import ELBOEstimate, evaluate_elbo, make_objective
 from .training import FitResult, StepInfo, TrainingDivergedError, TrainingInstabilityWarning, fit
 
@@ -11,7 +12,9 @@ __all__ = [
     "ELBOEstimate",
     "FitResult",
     "RenyiELBO",
+    "SIWAE",
     "StepInfo",
+    "StratifiedELBO",
     "TrainingDivergedError",
     "TrainingInstabilityWarning",
     "evaluate_elbo",

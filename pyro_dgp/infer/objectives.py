@@ -19,6 +19,7 @@ from .amortized import AmortizedELBO
 from .elbo import AnalyticKL_ELBO, ReparamTrace_ELBO
 from .importance import RenyiELBO as ImportanceRenyiELBO
 from .importance import check_importance_weights
+from .mixture import SIWAE, StratifiedELBO
 
 __all__ = ["ELBOEstimate", "OBJECTIVE_NAMES", "default_num_particles", "evaluate_elbo",
            "make_objective", "objective_and_particles", "objective_name"]
@@ -39,6 +40,9 @@ _OBJECTIVES = {
     ),
     "renyi": lambda p, v: ImportanceRenyiELBO(alpha=0.5, num_particles=max(p, 2),
                                               vectorize_particles=v, max_plate_nesting=1),
+    # a Mixture guide's: each component drawn from in turn (infer/mixture.py)
+    "stratified": lambda p, v: StratifiedELBO(num_particles=p),
+    "siwae": lambda p, v: SIWAE(num_particles=p),
 }
 
 
@@ -82,6 +86,9 @@ def make_objective(objective, guide, num_particles: int | None = None,
     :class:`~pyro_dgp.infer.elbo.AnalyticKL_ELBO`: TraceMeanField_ELBO's estimator (analytic
     KL), without the log-densities it discards.
     ``"renyi"`` is :class:`~pyro_dgp.infer.importance.RenyiELBO` (alpha 0.5).
+    ``"stratified"`` and ``"siwae"`` train a :class:`~pyro_dgp.guides.Mixture`
+    (:mod:`pyro_dgp.infer.mixture`, ``num_particles`` draws of each component), and
+    ``"auto"`` is ``"stratified"`` for it.
 
     :param num_particles: draws of the guide per evaluation (Pyro's word): of each point's
         ``log (1/K) sum_k`` in ``"alpha"`` and ``"renyi"``, else averaged; ``None``:
@@ -112,11 +119,24 @@ def make_objective(objective, guide, num_particles: int | None = None,
             f"objective must be a pyro ELBO or one of {list(OBJECTIVE_NAMES)}, got "
             f"{objective!r}"
         )
+    if protocol_of(guide).only_its_objective and objective != protocol_of(guide).default_objective:
+        _warn_own_objective(guide, objective)
     if objective == "analytic-kl":
         _warn_mean_field(guide)
     if objective == "renyi":
         check_importance_weights(guide)
     return _OBJECTIVES[objective](num_particles, num_particles > 1)
+
+
+def _warn_own_objective(guide, objective: str) -> None:
+    """A guide whose draws choose something without a reparameterisation (a Mixture's
+    component) gets a biased gradient for that choice under objectives other than its own."""
+    own = protocol_of(guide).default_objective
+    warnings.warn(
+        f"objective {objective!r} with a {type(guide).__name__} guide: part of its draw (a "
+        "mixture's component) is chosen without a reparameterisation, so its parameters get a "
+        f"biased gradient; use objective={own!r} (fit's default for it)"
+        + (" or 'siwae'" if own == "stratified" else ""), UserWarning, stacklevel=3)
 
 
 def _warn_mean_field(guide) -> None:

@@ -1,0 +1,100 @@
+"""The parts of a :class:`~pyro_dgp.guides.Mixture` run: its record (:class:`MixtureRun`),
+the distribution of its ``<layer>.u`` sites (:class:`MixtureInducing`: draws each draw's own
+component, scores ``log q(U)`` at the last layer), the messenger that keeps each layer's final
+value (:class:`RecordValues`) and one Gaussian component's ``log q_k(U)``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pyro.distributions as dist
+import torch
+from pyro.distributions import constraints
+from pyro.poutine.messenger import Messenger
+
+from ..gp.sites import InducingSite, layer_site
+from .base import GuideRun, LayerGuide
+from .joint import JointGaussian
+from .prototype import LayerSite
+
+__all__ = ["MixtureInducing", "MixtureRun", "RecordValues", "component_log_q"]
+
+
+def component_log_q(component: LayerGuide, values: list[torch.Tensor]) -> torch.Tensor:
+    """``(*batch,)`` ``log q_k(U)`` of one Gaussian guide at every layer's value
+    ``values[l] (*batch, D_l, M_l)`` (in the model's order), with the parameters' autograd graph.
+    A joint guide scores the stacked ``[vec u^1; ...; vec u^L]`` by its joint Gaussian; a guide
+    with independent layers sums each layer's ``log q(u^l)``."""
+    if isinstance(component, JointGaussian):
+        return component.log_q(torch.cat([v.flatten(-2) for v in values], dim=-1))
+    total = 0.0
+    for site, value in zip(component.layer_sites, values, strict=True):
+        g = component.layer_gaussian(site)
+        if g.row_trils is not None:  # independent rows: D_l Gaussians over M_l
+            rows = dist.MultivariateNormal(g.loc.reshape(site.shape), scale_tril=g.row_trils)
+            total = total + rows.log_prob(value).sum(-1)
+        else:
+            joint = dist.MultivariateNormal(g.loc, scale_tril=g.scale_tril())
+            total = total + joint.log_prob(value.flatten(-2))
+    return total
+
+
+@dataclass
+class MixtureRun(GuideRun):
+    """One run of :class:`Mixture`: each drawing component's own run (``None`` for the others),
+    the component of each draw by batch shape, each layer's value per component by layer
+    index, and each layer's final value (drawn or replayed) by layer index."""
+
+    runs: list = field(default_factory=list)
+    which: dict = field(default_factory=dict)
+    component_values: dict = field(default_factory=dict)
+    values: dict = field(default_factory=dict)
+
+
+class MixtureInducing(dist.TorchDistribution):
+    """``<layer>.u`` of a mixture run: draws the run's components' ``u`` and keeps each draw's
+    own component; scores ``0`` but at the last layer, which scores ``log q(U)`` of the run's
+    values of every layer (module docstring)."""
+
+    arg_constraints = {}
+    support = constraints.real
+    has_rsample = True
+
+    def __init__(self, guide, site: LayerSite, run: MixtureRun, batch_shape=()):
+        self.guide, self.site, self.run = guide, site, run
+        super().__init__(torch.Size(batch_shape), site.shape, validate_args=False)
+
+    def expand(self, batch_shape, _instance=None):
+        return MixtureInducing(self.guide, self.site, self.run, batch_shape)
+
+    def rsample(self, sample_shape=torch.Size()):
+        if sample_shape:
+            raise NotImplementedError("a mixture guide draws through plates, not sample_shape")
+        return self.guide.draw_u(self.site, self.run, self.batch_shape)
+
+    def log_prob(self, value):
+        if not self.site.is_last:
+            return value.new_zeros(value.shape[:-2])
+        values = [self.run.values.get(s.index) for s in self.guide.layer_sites]
+        values[-1] = value
+        if any(v is None for v in values):
+            raise ValueError("Mixture: log q(U) needs every layer's u of the run; a layer "
+                             "was not sampled before the last")
+        return self.guide.log_q(values)
+
+
+class RecordValues(Messenger):
+    """Keeps each ``<layer>.u`` value of a mixture run once it is final: the run's own draw or
+    a value replayed from another trace; the last site's ``log q(U)`` reads them."""
+
+    def __init__(self, guide):
+        super().__init__()
+        self.guide = guide
+
+    def _pyro_post_sample(self, msg):
+        if not isinstance(layer_site(msg), InducingSite):
+            return
+        run = self.guide.current_run()
+        site = self.guide.find_site(msg["name"].rsplit(".", 1)[0])
+        if run is not None and site is not None:
+            run.values[site.index] = msg["value"]
