@@ -47,8 +47,10 @@ def test_a_one_component_mixture_is_its_component(family):
     # the ELBO from a fixed seed: the same draws, scored by the same density (MeanField's
     # trace scores log q(u) at its draw; Coupled's and Chain's the closed-form KL instead)
     if family == "meanfield":
-        ours = dgp.evaluate_elbo(model, mixture, X, y, num_particles=3, objective="stratified", seed=1)
-        theirs = dgp.evaluate_elbo(model, component, X, y, num_particles=3, objective="elbo", seed=1)
+        ours = dgp.evaluate_elbo(model, mixture, X, y, num_particles=3, objective="stratified",
+                                 seed=1)
+        theirs = dgp.evaluate_elbo(model, component, X, y, num_particles=3, objective="elbo",
+                                   seed=1)
         assert ours.value == pytest.approx(theirs.value, rel=1e-9)
     # predictions
     ours = dgp.predict(model, mixture, X, num_samples=7, seed=2)
