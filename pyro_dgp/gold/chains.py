@@ -109,13 +109,16 @@ def _psis_loo(loo_log_lik: np.ndarray) -> tuple[np.ndarray, float]:
     """``(N,)`` PSIS-LOO ``log p(y_n | y_-n)`` from ``(S, N)`` draws of
     ``log p(y_n | y_-n, theta_s)``, and the largest Pareto ``k``. Under
     :data:`MIN_PSIS_DRAWS` draws (too few to fit the Pareto tail) the raw importance weights
-    are used and ``k`` is NaN."""
-    if loo_log_lik.shape[0] < MIN_PSIS_DRAWS:
-        log_w, khat = -loo_log_lik.T, np.array([np.nan])
-    else:
-        log_w, khat = array_stats.psislw(-loo_log_lik.T, axis=-1)  # (N, S) and (N,)
+    are used and ``k`` is NaN; a point whose values are the same in every draw has equal
+    weights (and no ``k``)."""
+    log_w = -loo_log_lik.T  # (N, S): the importance ratios 1 / p(y_n | y_-n, theta_s)
+    varies = np.ptp(log_w, axis=-1) > 0
+    khat = np.full(log_w.shape[0], np.nan)
+    if loo_log_lik.shape[0] >= MIN_PSIS_DRAWS and varies.any():
+        log_w[varies], khat[varies] = array_stats.psislw(log_w[varies], axis=-1)
     log_w = log_w - np.logaddexp.reduce(log_w, axis=-1, keepdims=True)
-    return np.logaddexp.reduce(log_w + loo_log_lik.T, axis=-1), float(np.max(khat))
+    worst = float(np.max(khat[~np.isnan(khat)])) if varies.any() else float("nan")
+    return np.logaddexp.reduce(log_w + loo_log_lik.T, axis=-1), worst
 
 
 def combine_chains(draws: torch.Tensor, loo_log_lik: torch.Tensor,
