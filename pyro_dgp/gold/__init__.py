@@ -22,7 +22,7 @@ from .distance import (
 from .nuts import GoldStandard, run_nuts
 from .posterior import PosteriorTarget
 from .target import GoldTarget, expected_log_likelihood, fixed_hyperparameters
-from .toys import TWO_MODE_INPUT, mode_masses, two_mode_model
+from .toys import TWO_MODE_INPUT, mode_masses, two_mode_model, two_mode_posterior_predictive
 
 __all__ = [
     "ChainGroups",
@@ -43,4 +43,5 @@ __all__ = [
     "predictive_distance",
     "run_nuts",
     "two_mode_model",
+    "two_mode_posterior_predictive",
 ]
