@@ -145,14 +145,17 @@ def test_posterior_of_one_layer_is_the_exact_gp_and_agreeing_chains_are_one_grou
 
 @pytest.mark.slow
 def test_two_mode_posterior_matches_importance_sampling():
-    model, X, y = gold.two_mode_model()
+    # the toy with a likelihood variance of 0.1 (NUTS on the default 1e-2 takes minutes:
+    # benchmarks/gold.py records it). Both modes give the same predictive of f^2 (mirror
+    # images), so one chain checks it
+    model, X, y = gold.two_mode_model(noise=0.1)
     x_star = _t([[-0.5]])
     # the posterior by importance sampling (gold.two_mode_posterior_predictive, the last
     # layer's exact GP marginal likelihood as weight), independent of NUTS
     _, reference, se_ref = gold.two_mode_posterior_predictive(model, X, y, x_star)
-    assert reference == pytest.approx(0.0081, abs=0.001)  # measured: 0.0080 to 0.0082
-    res = gold.run_nuts(model, X, y, num_samples=150, warmup_steps=100, num_chains=2, seed=0,
-                        full_mass=True, max_tree_depth=5, progress=False)
+    assert reference == pytest.approx(0.0515, abs=0.001)  # measured: 0.05153 (0.00011)
+    res = gold.run_nuts(model, X, y, num_samples=150, warmup_steps=100, num_chains=1, seed=0,
+                        full_mass=True, max_tree_depth=6, progress=False)
     assert sum(res.divergences) == 0
     _, var, _, se_var = _moments_and_mcse(res, x_star)
     assert abs(float(var[0]) - reference) < 4 * math.hypot(float(se_var[0]), se_ref), (
