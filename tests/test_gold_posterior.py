@@ -214,6 +214,20 @@ def test_chains_in_two_places_form_two_groups_and_stacking_prefers_the_better():
                           torch.full((2,), 0.5, dtype=DT), atol=1e-4)
 
 
+def test_groups_of_few_draws_use_raw_importance_weights():
+    # under 25 draws a group's Pareto tail cannot be fitted: plain importance sampling of
+    # the leave-one-out values, no k; its value for constant log-likelihoods is exact
+    draws = _iid_chains([0.0, 10.0], S=10)
+    ll = torch.full((2, 10, 3), -2.0, dtype=DT)
+    ll[1] = -1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GoldMixingWarning)
+        out = combine_chains(draws, ll)
+    assert out.groups == [[0], [1]]
+    assert all(math.isnan(k) for k in out.khat)
+    assert torch.allclose(out.elpd_loo, torch.tensor([[-2.0, -1.0]] * 3, dtype=DT))
+
+
 def test_a_group_that_did_not_mix_is_named_in_a_warning():
     # two chains of one stationary AR(1) process, autocorrelation 0.9: they agree (one
     # group) but have about S (1 - 0.9) / (1 + 0.9) = 79 effective draws each of S = 1,500

@@ -117,7 +117,8 @@ def _psis_loo(loo_log_lik: np.ndarray) -> tuple[np.ndarray, float]:
     if loo_log_lik.shape[0] >= MIN_PSIS_DRAWS and varies.any():
         log_w[varies], khat[varies] = array_stats.psislw(log_w[varies], axis=-1)
     log_w = log_w - np.logaddexp.reduce(log_w, axis=-1, keepdims=True)
-    worst = float(np.max(khat[~np.isnan(khat)])) if varies.any() else float("nan")
+    smoothed = khat[~np.isnan(khat)]
+    worst = float(np.max(smoothed)) if smoothed.size else float("nan")
     return np.logaddexp.reduce(log_w + loo_log_lik.T, axis=-1), worst
 
 
