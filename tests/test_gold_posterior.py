@@ -216,16 +216,17 @@ def test_chains_in_two_places_form_two_groups_and_stacking_prefers_the_better():
 
 def test_groups_of_few_draws_use_raw_importance_weights():
     # under 25 draws a group's Pareto tail cannot be fitted: plain importance sampling of
-    # the leave-one-out values, no k; its value for constant log-likelihoods is exact
+    # the leave-one-out values (weights 1 / p_s), no k. Its LOO density is then the harmonic
+    # mean of the draws' p_s: log(S / sum_s 1 / p_s)
     draws = _iid_chains([0.0, 10.0], S=10)
-    ll = torch.full((2, 10, 3), -2.0, dtype=DT)
-    ll[1] = -1.0
+    ll = -1.0 - torch.rand(2, 10, 3, generator=torch.Generator().manual_seed(2), dtype=DT)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", GoldMixingWarning)
         out = combine_chains(draws, ll)
     assert out.groups == [[0], [1]]
     assert all(math.isnan(k) for k in out.khat)
-    assert torch.allclose(out.elpd_loo, torch.tensor([[-2.0, -1.0]] * 3, dtype=DT))
+    harmonic = math.log(10) - torch.logsumexp(-ll, 1)  # (2 groups, 3 points)
+    assert torch.allclose(out.elpd_loo, harmonic.mT)
 
 
 def test_a_group_that_did_not_mix_is_named_in_a_warning():
