@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         groups.append({"chains": chains, "mode": "A" if rising > 0.5 else "B",
                        "weight": float(res.weights[g]), "r_hat": res.chain_groups.r_hat[g],
                        "ess_per_chain": res.chain_groups.ess_per_chain[g]})
-    weight = {m: sum(gr["weight"] for gr in groups if gr["mode"] == m) for m in ("A", "B")}
+    weight = {m: sum((gr["weight"] for gr in groups if gr["mode"] == m), 0.0) for m in ("A", "B")}
     settings = {"toy": "two_mode", "target": "posterior", "noise": args.noise,
                 "chains": args.chains, "warmup": args.warmup, "samples": args.samples,
                 "max_tree_depth": args.max_tree_depth, "seed": args.seed}
