@@ -401,6 +401,7 @@ PUBLISHED = {
 }
 #: benchmarks with no section of their own get a generic one (configuration, figures)
 QUESTIONS = {
+    "gold": "What is the two-mode toy's posterior (the gold standard)?",
     "compositional": "Does it recover compositional uncertainty "
                      f"(Table 1 of {USTYUZHANINOV})?",
     "compositional_elbo_terms": "What are the ELBO's terms in the compositional experiment?",

@@ -63,10 +63,10 @@ def _titsias_predictive(model, X, y, Xs):
     return mean, var
 
 
-def test_nuts_matches_the_closed_form_optimum_of_one_layer():
+def test_nuts_matches_the_closed_form_elbo_optimum_of_one_layer():
     model, X, y = _one_layer()
-    res = gold.run_nuts(model, X, y, num_samples=300, warmup_steps=100, num_chains=1,
-                        seed=0, progress=False)
+    res = gold.run_nuts(model, X, y, target="elbo_optimum", num_samples=300,
+                        warmup_steps=100, num_chains=1, seed=0, progress=False)
     assert res.divergences == [0]
     Xs = torch.linspace(-1.2, 1.2, 5, dtype=DT).unsqueeze(-1)
     pred = res.predict(Xs)

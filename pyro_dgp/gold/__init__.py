@@ -1,13 +1,16 @@
-"""The gold standard for small deep GPs: NUTS on the inducing outputs with the
-hyperparameters held fixed (:mod:`.target`, :mod:`.nuts`), the distances of a guide's
-predictive to its (:mod:`.distance`), and the two-mode toy of Havasi et al. 2018
+"""The gold standard for small deep GPs: NUTS with the hyperparameters held fixed on the deep
+GP's posterior (:mod:`.posterior`) or on the ELBO's optimal ``q(U)`` (:mod:`.target`), its
+chains grouped and weighed by stacking (:mod:`.chains`, :mod:`.nuts`), the distances of a
+guide's predictive to its (:mod:`.distance`), and the two-mode toy of Havasi et al. 2018
 (:mod:`.toys`).
 
 >>> model, X, y = gold.two_mode_model()
->>> reference = gold.run_nuts(model, X, y, num_chains=8)
+>>> reference = gold.run_nuts(model, X, y, num_chains=8)  # target="posterior"
+>>> reference.groups, reference.weights, reference.chain_groups.r_hat
 >>> gold.compare_to_gold(reference, {"meanfield": guide}, X_grid)["meanfield"].w1
 """
 
+from .chains import ChainGroups, GoldMixingWarning, combine_chains
 from .distance import (
     PredictiveDistance,
     compare_to_gold,
@@ -17,14 +20,19 @@ from .distance import (
     predictive_distance,
 )
 from .nuts import GoldStandard, run_nuts
+from .posterior import PosteriorTarget
 from .target import GoldTarget, expected_log_likelihood, fixed_hyperparameters
-from .toys import TWO_MODE_INPUT, mode_masses, two_mode_model
+from .toys import TWO_MODE_INPUT, mode_masses, two_mode_model, two_mode_posterior_predictive
 
 __all__ = [
+    "ChainGroups",
+    "GoldMixingWarning",
     "GoldStandard",
     "GoldTarget",
+    "PosteriorTarget",
     "PredictiveDistance",
     "TWO_MODE_INPUT",
+    "combine_chains",
     "compare_to_gold",
     "draws_w1",
     "expected_log_likelihood",
@@ -35,4 +43,5 @@ __all__ = [
     "predictive_distance",
     "run_nuts",
     "two_mode_model",
+    "two_mode_posterior_predictive",
 ]

@@ -1,19 +1,30 @@
-"""``run_nuts``: the gold standard, Pyro's NUTS (Hoffman and Gelman 2014) on a small deep GP's
-inducing outputs with the hyperparameters held fixed, and its posterior predictive.
+"""``run_nuts``: the gold standard, Pyro's NUTS (Hoffman and Gelman 2014) on a small deep GP with
+the hyperparameters held fixed, its chains combined by stacking, and its predictive.
 
-The sampled density is ``q*(U) = p(U) exp(g(U)) / Z`` of :mod:`pyro_dgp.gold.target`, over
-one value per site ``<layer>.u`` in the layer's own (whitened or unwhitened) coordinates, like
-a guide's draws: NUTS runs on the potential ``-log p(U) - g(U)`` (no Pyro model is traced per
-step; the priors and the first layer's map are computed once). Chains run one after another,
-each from its own prior draw and its own seed ``seed + c``; NUTS does not cross between
-well-separated modes, so several chains are what finds several modes. The chains' draws are
-pooled with equal weight: where chains sit in different modes, a mode's weight in the pooled
-draws is the fraction of chains in it, an estimate of its mass only as good as that count.
+Two targets, each a density over one value per sampled site:
 
-The predictive at test inputs follows a guide's (:func:`~pyro_dgp.predict`): per draw of
-``U``, each inner layer's ``f`` is drawn per point from its conditional, and the last layer's
-Gaussian ``N(loc, var)`` is kept, so the result is the same
-:class:`~pyro_dgp.prediction.MixturePredictive`.
+- ``target="posterior"`` (the default): the deep GP's posterior ``p(U, F_inner | y)`` of
+  :mod:`pyro_dgp.gold.posterior`: every layer's ``u`` and the inner layers' values at the
+  training inputs (as standard normals, non-centred), the last layer's ``f`` integrated out
+  in closed form (Gaussian likelihood). The truth a "gold standard" is expected to be.
+- ``target="elbo_optimum"``: ``q*(U) = p(U) exp(g(U)) / Z`` of :mod:`pyro_dgp.gold.target`,
+  the best ``q(U)`` any guide of the library can reach (its ELBO is ``log Z - KL(q || q*)``):
+  the comparator for how far a guide is from what its family could do.
+
+NUTS runs on the potential ``-log density`` (no Pyro model is traced per step). Chains run
+one after another, each from its own prior draw and its own seed ``seed + c``; NUTS does not
+cross between well-separated modes, so several chains are what finds several modes. The chains
+are then grouped (chains that agree, by pairwise split-R-hat) and the groups weighed by
+stacking of their leave-one-out predictive densities (Yao, Vehtari and Gelman 2022;
+:mod:`.chains`), not by the share of chains that happened to start near each mode.
+
+The predictive at test inputs follows a guide's (:func:`~pyro_dgp.predict`): per draw, each
+inner layer's ``f`` is drawn per point from its conditional, and the last layer's Gaussian
+``N(loc, var)`` is kept, so the result is the same
+:class:`~pyro_dgp.prediction.MixturePredictive`; under the posterior target each layer's
+conditional also conditions on the draw's values at the training inputs (and the last layer's
+on ``y``). The draws behind it are the groups' draws resampled to their stacking weights
+(:meth:`GoldStandard.weighted_draws`), an equally weighted set as :mod:`.distance` takes.
 """
 
 from __future__ import annotations
@@ -29,22 +40,37 @@ from ..gp import DeepGP
 from ..prediction import MixturePredictive
 from ..rng import seeded
 from ..validation import check_inputs, check_positive_int
+from .chains import ChainGroups, combine_chains
+from .posterior import PosteriorTarget
 from .target import GoldTarget, check_gold_model, fixed_hyperparameters
 
-__all__ = ["GoldStandard", "run_nuts"]
+__all__ = ["TARGETS", "GoldStandard", "run_nuts"]
+
+#: the densities ``run_nuts`` samples (module docstring)
+TARGETS = ("posterior", "elbo_optimum")
+
+#: draws per batch when evaluating the targets over all draws
+_CHUNK = 256
 
 
 @dataclass
 class GoldStandard:
-    """NUTS draws of ``q*(U)`` and their diagnostics.
+    """NUTS draws of the gold standard's target and their diagnostics.
 
     :ivar model: the deep GP (its hyperparameters as they were sampled under).
-    :ivar samples: ``{"<layer>.u": (C, S, D_out, M)}``: ``S`` draws of each of ``C`` chains.
+    :ivar samples: ``{site: (C, S, *event)}``: ``S`` draws of each of ``C`` chains, the sites
+        ``"<layer>.u"`` ``(D_out, M)`` and, under the posterior target,
+        ``"<layer>.f_white"`` ``(N, D_out)`` of the inner layers.
+    :ivar target: ``"posterior"`` or ``"elbo_optimum"`` (module docstring).
+    :ivar X, y: the training data (the posterior's predictive conditions on them).
+    :ivar chain_groups: the chains' groups, their stacking weights and per-group R-hat and
+        ESS (:class:`~pyro_dgp.gold.chains.ChainGroups`); ``None``: all chains one group.
     :ivar divergences: divergent transitions after warm-up, per chain.
-    :ivar ess: the smallest effective sample size over the entries of ``U``, per chain
+    :ivar ess: the smallest effective sample size over the sampled entries, per chain
         (Pyro's estimator, within each chain).
-    :ivar r_hat: the largest split-R-hat over the entries of ``U``, all chains together: near
-        1 where the chains agree, large where they sit in different modes.
+    :ivar r_hat: the largest split-R-hat over the sampled entries, all chains together: near
+        1 where the chains agree, large where they sit in different modes (see
+        ``chain_groups`` for R-hat within each group).
     :ivar step_size: each chain's adapted step size.
     :ivar seconds: wall time of the sampling, per chain.
     :ivar settings: the sampler's settings, for the record.
@@ -52,6 +78,10 @@ class GoldStandard:
 
     model: DeepGP
     samples: dict[str, torch.Tensor]
+    target: str = "elbo_optimum"
+    X: torch.Tensor | None = None
+    y: torch.Tensor | None = None
+    chain_groups: ChainGroups | None = None
     divergences: list[int] = field(default_factory=list)
     ess: list[float] = field(default_factory=list)
     r_hat: float = float("nan")
@@ -63,16 +93,57 @@ class GoldStandard:
     def num_chains(self) -> int:
         return next(iter(self.samples.values())).shape[0]
 
+    @property
+    def groups(self) -> list[list[int]]:
+        """The chains of each group (one group of all chains where none were formed)."""
+        if self.chain_groups is None:
+            return [list(range(self.num_chains))]
+        return self.chain_groups.groups
+
+    @property
+    def weights(self) -> torch.Tensor:
+        """``(G,)`` the groups' stacking weights."""
+        if self.chain_groups is None:
+            return torch.ones(1, dtype=torch.float64)
+        return self.chain_groups.weights
+
     def draws(self, chains=None) -> dict[str, torch.Tensor]:
-        """``{"<layer>.u": (C' S, D_out, M)}``, the draws of ``chains`` (default all) pooled."""
+        """``{site: (C' S, *event)}``, the draws of ``chains`` (default all) pooled, each
+        with equal weight."""
         chains = range(self.num_chains) if chains is None else list(chains)
         return {k: v[list(chains)].flatten(0, 1) for k, v in self.samples.items()}
+
+    def draw_weights(self) -> torch.Tensor:
+        """``(C, S)``: each draw's weight, its group's stacking weight shared equally by the
+        group's draws (sums to 1)."""
+        first = next(iter(self.samples.values()))
+        C, S = first.shape[:2]
+        out = torch.zeros(C, S, dtype=torch.float64)
+        for group, w in zip(self.groups, self.weights.tolist(), strict=True):
+            out[group] = w / (len(group) * S)
+        return out
+
+    def weighted_draws(self) -> dict[str, torch.Tensor]:
+        """``{site: (C S, *event)}``: the draws resampled to the groups' stacking weights,
+        an equally weighted set of the same size. Group ``g`` gets ``round(w_g C S)`` draws
+        (largest remainders), evenly spaced over its pooled draws (every draw once where
+        that count is its size): deterministic, so the same for every call."""
+        C, S = next(iter(self.samples.values())).shape[:2]
+        counts = _largest_remainder(self.weights.double() * C * S)
+        index = []
+        for group, count in zip(self.groups, counts, strict=True):
+            pooled = torch.tensor([c * S + s for c in group for s in range(S)])
+            pick = (torch.arange(count, dtype=torch.float64) * len(pooled) / max(count, 1))
+            index.append(pooled[pick.long()])
+        index = torch.cat(index)
+        return {k: v.flatten(0, 1)[index.to(v.device)] for k, v in self.samples.items()}
 
     def layer_values(self, X: torch.Tensor, layer: str | None = None,
                      seed: int | None = 0) -> torch.Tensor:
         """``(C S, N, D_l)``: draws of ``f^l`` at ``X`` (layer ``layer``, default the last),
-        one per draw of ``U``, the layers' values drawn per point from their conditionals
-        (the last layer's too). Seeded; the global random state is left as it was."""
+        one per weighted draw (:meth:`weighted_draws`), the layers' values drawn per point
+        from their conditionals (the last layer's too). Seeded; the global random state is
+        left as it was."""
         names = [lay.name for lay in self.model.layers]
         if layer is not None and layer not in names:
             raise ValueError(f"no layer {layer!r} in the model (layers {names})")
@@ -80,8 +151,8 @@ class GoldStandard:
         return self._propagate(X, seed, stop, keep_last_gaussian=False)
 
     def predict(self, X: torch.Tensor, seed: int | None = 0) -> MixturePredictive:
-        """The predictive mixture at ``X``: one component per draw of ``U`` (all chains), the
-        last layer's Gaussian given the inner layers' per-point draws (module docstring)."""
+        """The predictive mixture at ``X``: one component per weighted draw, the last layer's
+        Gaussian given the inner layers' per-point draws (module docstring)."""
         loc, var = self._propagate(X, seed, len(self.model.layers) - 1,
                                    keep_last_gaussian=True)
         return MixturePredictive(loc.squeeze(-1), var.squeeze(-1), self.model.likelihood,
@@ -89,9 +160,14 @@ class GoldStandard:
 
     def _propagate(self, X, seed, stop: int, keep_last_gaussian: bool):
         check_inputs(X, self.model.input_dim)
-        draws = self.draws()
-        h = X
+        draws = self.weighted_draws()
         with torch.no_grad(), seeded(seed, X.device):
+            if self.target == "posterior":
+                if self.X is None or self.y is None:
+                    raise ValueError("a posterior gold standard needs its training data X, y")
+                posterior = PosteriorTarget(self.model, self.X, self.y)
+                return posterior.propagate(draws, X, stop, keep_last_gaussian)
+            h = X
             for i, layer in enumerate(self.model.layers[: stop + 1]):
                 loc, var = layer.conditional(h, draws[f"{layer.name}.u"])  # (C S, N, D)
                 if i == stop and keep_last_gaussian:
@@ -100,35 +176,79 @@ class GoldStandard:
         return h
 
 
-def run_nuts(model: DeepGP, X: torch.Tensor, y: torch.Tensor, *, num_samples: int = 500,
-             warmup_steps: int = 500, num_chains: int = 4, seed: int = 0,
-             num_quadrature: int = 20, full_mass: bool = False, max_tree_depth: int = 10,
-             target_accept_prob: float = 0.8, progress: bool = True) -> GoldStandard:
-    """NUTS on ``q*(U)`` of ``model`` at ``(X, y)`` with the hyperparameters fixed.
+def _largest_remainder(shares: torch.Tensor) -> list[int]:
+    """Integers summing to ``round(sum(shares))``, each the floor of its share plus one for
+    the largest remainders."""
+    floor = shares.floor()
+    left = int(round(float(shares.sum() - floor.sum())))
+    order = torch.argsort(shares - floor, descending=True)
+    counts = floor.long()
+    counts[order[:left]] += 1
+    return counts.tolist()
 
-    :param model: a small :class:`~pyro_dgp.DeepGP` with fixed inducing inputs.
+
+def _make_target(target: str, model, X, y, num_quadrature: int):
+    if target == "posterior":
+        return PosteriorTarget(model, X, y)
+    if target == "elbo_optimum":
+        return GoldTarget(model, X, y, num_quadrature)
+    raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
+
+
+def _loo_log_likelihood(target, samples: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``(C, S, N)``: per draw, ``log p(y_n | y_-n, draw)`` (the points are independent
+    given ``U`` under the ELBO-optimum target's per-point model)."""
+    C, S = next(iter(samples.values())).shape[:2]
+    flat = {k: v.flatten(0, 1) for k, v in samples.items()}
+    out = []
+    with torch.no_grad():
+        for lo in range(0, C * S, _CHUNK):
+            chunk = {k: v[lo:lo + _CHUNK] for k, v in flat.items()}
+            if isinstance(target, PosteriorTarget):
+                out.append(target.loo_log_likelihood(chunk))
+            else:
+                out.append(target.log_likelihood(chunk))
+    return torch.cat(out).reshape(C, S, -1)
+
+
+def run_nuts(model: DeepGP, X: torch.Tensor, y: torch.Tensor, *, target: str = "posterior",
+             num_samples: int = 500, warmup_steps: int = 500, num_chains: int = 4,
+             seed: int = 0, num_quadrature: int = 20, full_mass: bool = False,
+             max_tree_depth: int = 10, target_accept_prob: float = 0.8,
+             progress: bool = True) -> GoldStandard:
+    """NUTS on ``target`` of ``model`` at ``(X, y)`` with the hyperparameters fixed, the
+    chains grouped and weighed by stacking (module docstring).
+
+    :param model: a small :class:`~pyro_dgp.DeepGP` with fixed inducing inputs (the
+        posterior target: a Gaussian likelihood and at most
+        :data:`~pyro_dgp.gold.posterior.MAX_POSTERIOR_POINTS` training points).
     :param X: ``(N, D)`` training inputs; :param y: ``(N,)`` targets (all of them).
+    :param target: ``"posterior"`` (default), the deep GP's posterior, or
+        ``"elbo_optimum"``, the ELBO's optimal ``q*(U)``.
     :param num_samples: ``S`` kept draws per chain, after ``warmup_steps`` adaptation steps.
     :param num_chains: ``C`` chains, one after another, chain ``c`` seeded ``seed + c`` and
         started from a draw of the prior (torch's global random state is left as it was).
-    :param num_quadrature: Gauss-Hermite nodes per inner output dimension of ``g(U)``.
+    :param num_quadrature: Gauss-Hermite nodes per inner output dimension of ``g(U)`` (the
+        ELBO-optimum target only).
     :param full_mass: adapt a dense mass matrix (default diagonal).
     :param progress: Pyro's progress bar per chain.
-    :returns: :class:`GoldStandard`.
+    :returns: :class:`GoldStandard`; with ``S >= 4``, its chains grouped and weighed
+        (:func:`~pyro_dgp.gold.chains.combine_chains`, which warns
+        :class:`~pyro_dgp.gold.chains.GoldMixingWarning` for a group that did not mix).
     """
     check_gold_model(model)
     S = check_positive_int(num_samples, "num_samples")
     W = check_positive_int(warmup_steps, "warmup_steps", allow_zero=True)
     C = check_positive_int(num_chains, "num_chains")
     Q = check_positive_int(num_quadrature, "num_quadrature")
-    target = GoldTarget(model, X, y, Q)
-    gold = GoldStandard(model, {}, settings={
-        "num_samples": S, "warmup_steps": W, "num_chains": C, "seed": seed,
+    density = _make_target(target, model, X, y, Q)
+    gold = GoldStandard(model, {}, target=target, X=X, y=y, settings={
+        "target": target, "num_samples": S, "warmup_steps": W, "num_chains": C, "seed": seed,
         "num_quadrature": Q, "full_mass": full_mass, "max_tree_depth": max_tree_depth,
         "target_accept_prob": target_accept_prob})
 
     def potential(params):
-        return -target.log_density(params)
+        return -density.log_density(params)
 
     chains: list[dict[str, torch.Tensor]] = []
     with fixed_hyperparameters(model):
@@ -136,7 +256,7 @@ def run_nuts(model: DeepGP, X: torch.Tensor, y: torch.Tensor, *, num_samples: in
             # each chain from its own seed; the caller's random state is left as it was
             with seeded(seed + c, X.device):
                 start = {name: prior.sample() for name, prior in
-                         zip(target.names, target.priors, strict=True)}
+                         zip(density.names, density.priors, strict=True)}
                 kernel = NUTS(potential_fn=potential, full_mass=full_mass,
                               max_tree_depth=max_tree_depth,
                               target_accept_prob=target_accept_prob)
@@ -149,9 +269,11 @@ def run_nuts(model: DeepGP, X: torch.Tensor, y: torch.Tensor, *, num_samples: in
             gold.divergences.append(int(sum(len(d) for d in
                                             mcmc.diagnostics()["divergences"].values())))
             gold.step_size.append(float(kernel.step_size))
-    gold.samples = {k: torch.stack([ch[k] for ch in chains]) for k in chains[0]}
-    flat = torch.cat([v.flatten(2) for v in gold.samples.values()], -1)  # (C, S, T)
-    gold.ess = [float(effective_sample_size(flat[c:c + 1], 0, 1).min()) for c in range(C)]
-    if C > 1 and S >= 4:
-        gold.r_hat = float(split_gelman_rubin(flat, 0, 1).max())
+        gold.samples = {k: torch.stack([ch[k] for ch in chains]) for k in density.names}
+        flat = torch.cat([v.flatten(2) for v in gold.samples.values()], -1)  # (C, S, T)
+        gold.ess = [float(effective_sample_size(flat[c:c + 1], 0, 1).min()) for c in range(C)]
+        if C > 1 and S >= 4:
+            gold.r_hat = float(split_gelman_rubin(flat, 0, 1).max())
+        if S >= 4:
+            gold.chain_groups = combine_chains(flat, _loo_log_likelihood(density, gold.samples))
     return gold

@@ -161,9 +161,9 @@ class GoldTarget:
         """``(*batch,)``: ``sum_l log p(u^l)``."""
         return sum(p.log_prob(inducing[n]) for p, n in zip(self.priors, self.names, strict=True))
 
-    def expected_log_likelihood(self, inducing: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """``(*batch,)``: ``g(U)`` (module docstring) at ``inducing``, whose entries are
-        ``(*batch, D_out, M)``, each layer's in its own (whitened or not) coordinates."""
+    def _last_layer_paths(self, inducing: Mapping[str, torch.Tensor]):
+        """The last layer's Gaussian along every quadrature path: ``loc``, ``var``
+        ``(*batch, P, N)`` and the paths' log-weights ``(P,)``."""
         layers = self.model.layers
         u1 = inducing[self.names[0]]
         # (*batch, 1 path, N, D): c + A u^1, and the first layer's variance
@@ -179,8 +179,21 @@ class GoldTarget:
             loc, var = layer.conditional(h, inducing[name].unsqueeze(-3), Lzz=Lzz)
         if len(layers) == 1:
             var = var.expand_as(loc)
-        ell = self.model.likelihood.expected_log_prob(self.y, loc.squeeze(-1), var.squeeze(-1))
+        return loc.squeeze(-1), var.squeeze(-1), log_w
+
+    def expected_log_likelihood(self, inducing: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """``(*batch,)``: ``g(U)`` (module docstring) at ``inducing``, whose entries are
+        ``(*batch, D_out, M)``, each layer's in its own (whitened or not) coordinates."""
+        loc, var, log_w = self._last_layer_paths(inducing)
+        ell = self.model.likelihood.expected_log_prob(self.y, loc, var)
         return (log_w.exp()[:, None] * ell).sum((-2, -1))
+
+    def log_likelihood(self, inducing: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """``(*batch, N)``: ``log p(y_n | U) = log E_{p(f_n | U)} p(y_n | f^L_n)`` per point,
+        by the same quadrature (the per-point model's likelihood of a draw of ``U``)."""
+        loc, var, log_w = self._last_layer_paths(inducing)
+        lp = self.model.likelihood.predictive_log_prob(self.y, loc, var)
+        return torch.logsumexp(log_w[:, None] + lp, -2)
 
     def log_density(self, inducing: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """``(*batch,)``: ``log p(U) + g(U) = log q*(U) + log Z``."""

@@ -31,7 +31,7 @@ from ..gp import DeepGP, GPLayer
 from ..likelihoods import Gaussian
 from ..validation import check_positive_finite
 
-__all__ = ["TWO_MODE_INPUT", "mode_masses", "two_mode_model"]
+__all__ = ["TWO_MODE_INPUT", "mode_masses", "two_mode_model", "two_mode_posterior_predictive"]
 
 #: the input ``x*`` at which a draw's mode is read: the sign of ``f^1(x*)``
 TWO_MODE_INPUT = 1.0
@@ -71,3 +71,51 @@ def mode_masses(values: torch.Tensor, threshold: float = 0.5) -> tuple[float, fl
     values = values.reshape(-1)
     return (float((values < -threshold).double().mean()),
             float((values > threshold).double().mean()))
+
+
+def two_mode_posterior_predictive(model, X: torch.Tensor, y: torch.Tensor, x_star: torch.Tensor,
+                                  num_draws: int = 200_000, seed: int = 0
+                                  ) -> tuple[float, float, float]:
+    """The posterior predictive of ``f^2(x*)`` of the two-mode toy's deep GP (or any 2-layer
+    one of zero means and one-dimensional layers), by self-normalised importance sampling,
+    independent of NUTS: ``(mean, variance, standard error of the variance)``.
+
+    The posterior is that of :mod:`pyro_dgp.gold.posterior` (the inducing outputs are an
+    augmentation of the deep GP, so they drop out): proposal, the prior of ``f^1`` at the
+    ``N`` inputs (jitter ``1e-6``); weight, the last layer's exact GP marginal likelihood
+    ``N(y; 0, K_2(f^1, f^1) + s^2 I)``; per draw, ``f^1(x*)`` from its GP conditional given
+    ``f^1(X)`` and the last layer's exact GP predictive at it. The standard error is the
+    delta method's, ``sqrt(sum_i w_i^2 (v_i - v)^2)`` with normalised weights ``w``.
+
+    :param x_star: ``(1, 1)``, one test input.
+    :param num_draws: proposal draws, in batches of 50,000 (at least one batch).
+    :param seed: of the draws (the global random state is not used).
+    """
+    first, second = model.layers
+    s2 = model.likelihood.variance.detach()
+    N, batch = X.shape[0], 50_000
+    eye = torch.eye(N, dtype=X.dtype, device=X.device)
+    g = torch.Generator(device=X.device).manual_seed(seed)
+    with torch.no_grad():
+        L1 = torch.linalg.cholesky(first.kernel(X) + 1e-6 * eye)
+        k1s = first.kernel(X, x_star)[:, 0]
+        a1 = torch.cholesky_solve(k1s[:, None], L1)[:, 0]
+        v1s = first.kernel(x_star, diag=True)[0] - k1s @ a1
+        log_w, loc, var = [], [], []
+        for _ in range(max(1, num_draws // batch)):
+            f1 = torch.randn(batch, N, generator=g, dtype=X.dtype, device=X.device) @ L1.mT
+            L2 = torch.linalg.cholesky(second.kernel(f1[..., None]) + s2 * eye)
+            alpha = torch.cholesky_solve(y.expand(batch, N)[..., None], L2)[..., 0]
+            log_w.append(-0.5 * (y * alpha).sum(-1) - L2.diagonal(dim1=-2, dim2=-1).log().sum(-1))
+            h = f1 @ a1 + v1s.sqrt() * torch.randn(batch, generator=g, dtype=X.dtype,
+                                                   device=X.device)
+            k2 = second.kernel(f1[..., None], h[:, None, None])[..., 0]  # (batch, N)
+            loc.append((k2 * alpha).sum(-1))
+            var.append(second.kernel(h[:, None, None], diag=True)[..., 0]
+                       - (k2 * torch.cholesky_solve(k2[..., None], L2)[..., 0]).sum(-1))
+    w = torch.softmax(torch.cat(log_w), 0)
+    loc, var = torch.cat(loc), torch.cat(var)
+    mean = (w * loc).sum()
+    spread = var + (loc - mean).square()
+    total = (w * spread).sum()
+    return float(mean), float(total), float((w * (spread - total)).square().sum().sqrt())
