@@ -211,6 +211,28 @@ def _loo_log_likelihood(target, samples: dict[str, torch.Tensor]) -> torch.Tenso
     return torch.cat(out).reshape(C, S, -1)
 
 
+def _run_chain(density, gold: GoldStandard, seed: int, device, S: int, W: int) -> dict:
+    """One chain of NUTS on ``density`` from a prior draw, seeded by ``seed`` (the caller's
+    random state left as it was); its time, divergences and step size go to ``gold``."""
+    settings = gold.settings
+    with seeded(seed, device):
+        start = {name: prior.sample() for name, prior in
+                 zip(density.names, density.priors, strict=True)}
+        kernel = NUTS(potential_fn=lambda params: -density.log_density(params),
+                      full_mass=settings["full_mass"],
+                      max_tree_depth=settings["max_tree_depth"],
+                      target_accept_prob=settings["target_accept_prob"])
+        mcmc = MCMC(kernel, num_samples=S, warmup_steps=W, initial_params=start,
+                    disable_progbar=not settings["progress"])
+        t0 = time.perf_counter()
+        mcmc.run()
+        gold.seconds.append(time.perf_counter() - t0)
+    gold.divergences.append(int(sum(len(d) for d in
+                                    mcmc.diagnostics()["divergences"].values())))
+    gold.step_size.append(float(kernel.step_size))
+    return {k: v.detach() for k, v in mcmc.get_samples().items()}
+
+
 def run_nuts(model: DeepGP, X: torch.Tensor, y: torch.Tensor, *, target: str = "posterior",
              num_samples: int = 500, warmup_steps: int = 500, num_chains: int = 4,
              seed: int = 0, num_quadrature: int = 20, full_mass: bool = False,
@@ -245,30 +267,10 @@ def run_nuts(model: DeepGP, X: torch.Tensor, y: torch.Tensor, *, target: str = "
     gold = GoldStandard(model, {}, target=target, X=X, y=y, settings={
         "target": target, "num_samples": S, "warmup_steps": W, "num_chains": C, "seed": seed,
         "num_quadrature": Q, "full_mass": full_mass, "max_tree_depth": max_tree_depth,
-        "target_accept_prob": target_accept_prob})
+        "target_accept_prob": target_accept_prob, "progress": progress})
 
-    def potential(params):
-        return -density.log_density(params)
-
-    chains: list[dict[str, torch.Tensor]] = []
     with fixed_hyperparameters(model):
-        for c in range(C):
-            # each chain from its own seed; the caller's random state is left as it was
-            with seeded(seed + c, X.device):
-                start = {name: prior.sample() for name, prior in
-                         zip(density.names, density.priors, strict=True)}
-                kernel = NUTS(potential_fn=potential, full_mass=full_mass,
-                              max_tree_depth=max_tree_depth,
-                              target_accept_prob=target_accept_prob)
-                mcmc = MCMC(kernel, num_samples=S, warmup_steps=W, initial_params=start,
-                            disable_progbar=not progress)
-                t0 = time.perf_counter()
-                mcmc.run()
-                gold.seconds.append(time.perf_counter() - t0)
-            chains.append({k: v.detach() for k, v in mcmc.get_samples().items()})
-            gold.divergences.append(int(sum(len(d) for d in
-                                            mcmc.diagnostics()["divergences"].values())))
-            gold.step_size.append(float(kernel.step_size))
+        chains = [_run_chain(density, gold, seed + c, X.device, S, W) for c in range(C)]
         gold.samples = {k: torch.stack([ch[k] for ch in chains]) for k in density.names}
         flat = torch.cat([v.flatten(2) for v in gold.samples.values()], -1)  # (C, S, T)
         gold.ess = [float(effective_sample_size(flat[c:c + 1], 0, 1).min()) for c in range(C)]
