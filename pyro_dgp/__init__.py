@@ -19,19 +19,12 @@ from .diagnostics import (
 )
 from .gp import AmortizedGPLayer, DeepGP, GPLayer
 from .guides import complete, inducing_only
-from .infer import (
-    FitResult,
-    StepInfo,
-    TrainingDivergedError,
-    TrainingInstabilityWarning,
-    fit,
-    importance,
-    importance_weights,
-)
 from .infer import evaluate_elbo as elbo
+from .infer import importance, importance_weights
 from .infer.amortized import AmortizedELBO
 from .linalg import CholeskyError, NumericalWarning
 from .prediction import DrawMixturePredictive, MixturePredictive, metrics, predict
+from .train import FitResult, StepInfo, TrainingDivergedError, TrainingInstabilityWarning, fit
 
 __version__ = "0.1.0"
 

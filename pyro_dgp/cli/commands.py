@@ -16,12 +16,12 @@ from ..gp.avdgp import PAPER_HIDDEN_DIMS, PAPER_NUM_INDUCING
 from ..gp.deep_gp import DeepGP
 from ..guides.protocol import protocol_of
 from ..guides.registry import has_local_inducing, make_guide
-from ..infer import distributed
-from ..infer.checkpoint import load_fit, model_from_config, read_fit, save_fit
 from ..infer.natgrad import warmup_gamma
-from ..infer.threads import num_threads, step_work, threads_for
-from ..infer.training import fit
 from ..prediction import predict
+from ..train import distributed
+from ..train.checkpoint import load_fit, model_from_config, read_fit, save_fit
+from ..train.threads import num_threads, step_work, threads_for
+from ..train.training import fit
 from .data import data_spec, evaluate_settings, load_data
 
 __all__ = ["DEFAULT_INDUCING", "DEFAULT_LAYERS", "cmd_demo", "cmd_evaluate", "cmd_fit", "note"]
@@ -253,7 +253,7 @@ def _check_natural_gradient(name: str, guide) -> None:
 
 def _model_config(args, num_train: int) -> dict:
     """The settings of the model to build (``--model``), saved with the fit
-    (:func:`~pyro_dgp.infer.checkpoint.model_from_config`)."""
+    (:func:`~pyro_dgp.train.checkpoint.model_from_config`)."""
     if args.model == "avdgp":
         unused = [option for option, given in (("--layers", args.layers != DEFAULT_LAYERS),
                                                ("--hidden-dim", args.hidden_dim is not None),
@@ -289,7 +289,7 @@ def launched_processes() -> int:
 
 def _threads(args, model, batch_size: int, particles: int = 1) -> int | None:
     """``--threads``, else by the problem's size on CPU
-    (:func:`pyro_dgp.infer.threads.threads_for`), else as is."""
+    (:func:`pyro_dgp.train.threads.threads_for`), else as is."""
     if args.threads is not None:
         return args.threads
     if next(model.parameters()).device.type != "cpu":

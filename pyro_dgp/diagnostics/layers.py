@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from ..infer.draws import check_guide_of
+from ..guides.draws import check_guide_of
 from .export import to_datatree
 from .tables import whole
 

@@ -1,23 +1,38 @@
-"""Objectives and training: the analytic-KL ELBO, importance weights, ``fit``, checkpoints."""
+"""Objectives: the analytic-KL ELBO, importance weights, the local alpha-divergence, the
+amortized ELBO, natural-gradient steps, the minibatch-scale check.
 
-from .checkpoint import load_fit, save_fit
+The training engine (``fit``, ``FitResult``, ``save_fit``/``load_fit``, ...) is in
+:mod:`pyro_dgp.train`, a layer above this one. Its names are still reachable here, with a
+``DeprecationWarning`` naming their new place.
+"""
+
+import importlib
+import warnings
+
 from .elbo import AnalyticKL_ELBO
 from .importance import RenyiELBO, importance_weights
 from .objectives import ELBOEstimate, evaluate_elbo, make_objective
-from .training import FitResult, StepInfo, TrainingDivergedError, TrainingInstabilityWarning, fit
 
 __all__ = [
     "AnalyticKL_ELBO",
     "ELBOEstimate",
-    "FitResult",
     "RenyiELBO",
-    "StepInfo",
-    "TrainingDivergedError",
-    "TrainingInstabilityWarning",
     "evaluate_elbo",
-    "fit",
     "importance_weights",
-    "load_fit",
     "make_objective",
-    "save_fit",
 ]
+
+#: names of the training engine that ``pyro_dgp.infer`` exported before it moved to
+#: ``pyro_dgp.train``: each is looked up there on first use, with a warning
+_MOVED_TO_TRAIN = frozenset({"FitResult", "StepInfo", "TrainingDivergedError",
+                             "TrainingInstabilityWarning", "fit", "load_fit", "save_fit"})
+
+
+def __getattr__(name: str):
+    """``pyro_dgp.infer.fit`` and the other engine names, from :mod:`pyro_dgp.train`
+    (imported here on demand: ``train`` is the layer above, so no import at load time)."""
+    if name not in _MOVED_TO_TRAIN:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(f"pyro_dgp.infer.{name} has moved: import it from pyro_dgp.train "
+                  f"(or pyro_dgp) instead", DeprecationWarning, stacklevel=2)
+    return getattr(importlib.import_module("pyro_dgp.train"), name)

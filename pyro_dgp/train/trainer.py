@@ -13,14 +13,14 @@ import pyro
 import torch
 from pyro.infer.util import is_validation_enabled
 
+from ..infer.alpha import LocalAlpha
+from ..infer.natgrad import NaturalGradient, NaturalStepError
 from ..linalg import CholeskyError
-from .alpha import LocalAlpha
 from .batches import Batches
 from .checkpoint import atomic_save, read_checkpoint, rng_state, set_rng_state
 from .cuda_graph import GraphedSteps, side_stream
 from .distributed import DataParallel, PeerFailedError
 from .monitor import LossMonitor, StepInfo, Watchers
-from .natgrad import NaturalGradient, NaturalStepError
 from .optim import LRSchedule, drop_non_finite_moments
 from .progress import Progress
 from .result import FitResult, TrainingDivergedError
@@ -63,7 +63,7 @@ class Trainer:
         self.start, self.seconds_before, self.t0 = 0, 0.0, time.perf_counter()
         self.last_good = None
         self.natural = natural
-        # data-parallel: this process's part (infer/distributed.py); only process 0 writes
+        # data-parallel: this process's part (train/distributed.py); only process 0 writes
         self.parallel, self.seed = parallel, seed
         self.writer = parallel is None or parallel.writer
         # the step recorded as a CUDA graph after the first (validated, eager) step
@@ -191,7 +191,7 @@ class Trainer:
                     return self.natural.loss_and_grads(
                         lambda: self.elbo.differentiable_loss(self.model, self.guide, *args)), None
                 if self.parallel is not None or hasattr(self.elbo, "differentiable_loss"):
-                    # this process's part of the global objective (infer/distributed.py):
+                    # this process's part of the global objective (train/distributed.py):
                     # its loss weighted B_r / B (1 in one process), so that the KL adds up
                     # to once
                     loss_t = self.batches.share * self.elbo.differentiable_loss(
