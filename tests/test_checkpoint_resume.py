@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import pyro_dgp as dgp
-from pyro_dgp.train.checkpoint import save_fit
+from pyro_dgp.train.saved import save_fit
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..guides.registry import GUIDES
+from ..train.saved import DEFAULT_MODEL, MODELS
 from .commands import DEFAULT_INDUCING, DEFAULT_LAYERS, cmd_demo, cmd_evaluate, cmd_fit
 from .data import DEFAULT_TEST_FRACTION, DTYPES, check_device
 
@@ -126,7 +127,7 @@ def _add_fit(sub) -> None:
                    help="width of the inner layers (default: min(30, input dims))")
     f.add_argument("--inducing", type=_positive_int, default=DEFAULT_INDUCING,
                    help="inducing points M per layer (at most the training points)")
-    f.add_argument("--model", choices=["dsvi", "avdgp"], default="dsvi",
+    f.add_argument("--model", choices=list(MODELS), default=DEFAULT_MODEL,
                    help="dsvi: layers with global inducing points (--layers, --hidden-dim, "
                         "--inducing); avdgp: per-point inducing points, the architecture of "
                         "Meng and Zhang 2024 (widths 16, 4; M = 8, 4, 4; Matern-5/2), for "

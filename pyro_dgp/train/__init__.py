@@ -4,7 +4,7 @@ checkpoints, CUDA graphs and data-parallel steps) and saved fits.
 The objectives it optimises are in :mod:`pyro_dgp.infer`; this package sits above them.
 """
 
-from .checkpoint import load_fit, save_fit
+from .saved import load_fit, register_model, save_fit
 from .training import FitResult, StepInfo, TrainingDivergedError, TrainingInstabilityWarning, fit
 
 __all__ = [
@@ -14,5 +14,6 @@ __all__ = [
     "TrainingInstabilityWarning",
     "fit",
     "load_fit",
+    "register_model",
     "save_fit",
 ]

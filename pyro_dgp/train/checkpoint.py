@@ -1,30 +1,22 @@
-"""Checkpoints of a run (random streams, atomic writes) and saved fits of a model with its
-guide."""
+"""Checkpoints of a run: random streams, atomic writes, weights-only reads (saved fits of a
+model with its guide are in :mod:`pyro_dgp.train.saved`)."""
 
 from __future__ import annotations
 
-import inspect
 import os
 import pickle
 import re
-from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import pyro
 import torch
 
-from ..gp.avdgp import PAPER_HIDDEN_DIMS, avdgp_regression
-from ..gp.deep_gp import DeepGP
-from ..guides.registry import GUIDES, has_local_inducing, make_guide
+__all__ = ["CHECKPOINT_KEYS", "atomic_save", "read_checkpoint", "rng_state", "safe_load",
+           "set_rng_state"]
 
-__all__ = ["ARCHITECTURES", "atomic_save", "check_fit_config", "load_fit", "model_from_config",
-           "read_checkpoint", "read_fit", "rng_state", "safe_load", "save_fit", "set_rng_state"]
-
-#: the builders a saved fit names under ``config["model"]["architecture"]`` (default
-#: ``"dsvi"``): ``DeepGP.regression`` (``classification`` with ``"task"``), or the amortized
-#: architecture of Meng and Zhang 2024 (:func:`~pyro_dgp.gp.avdgp.avdgp_regression`)
-ARCHITECTURES = ("dsvi", "avdgp")
+#: the parts of a training checkpoint (what ``fit(checkpoint=...)`` writes and resumes from)
+CHECKPOINT_KEYS = ("step", "model", "guide", "optimizer", "rng", "losses")
 
 
 def rng_state(generator: torch.Generator, device: torch.device) -> dict:
@@ -132,7 +124,7 @@ def read_checkpoint(path: str | os.PathLike, map_location=None) -> dict:
     with :func:`safe_load`; a ``ValueError`` naming the file when it is a saved fit or lacks
     what resuming needs."""
     state = safe_load(path, map_location=map_location)
-    missing = [k for k in _CHECKPOINT_KEYS if k not in state]
+    missing = [k for k in CHECKPOINT_KEYS if k not in state]
     if missing and "config" in state:
         raise ValueError(f"{os.fspath(path)!r} is a fit saved by save_fit / `pyro-dgp fit`, not "
                          "a training checkpoint: training resumes from the checkpoint file "
@@ -142,167 +134,3 @@ def read_checkpoint(path: str | os.PathLike, map_location=None) -> dict:
                          f"lacks {missing}")
     return state
 
-
-_CHECKPOINT_KEYS = ("step", "model", "guide", "optimizer", "rng", "losses")
-
-
-def read_fit(path: str | os.PathLike, map_location=None) -> dict:
-    """A fit written by :func:`save_fit`, loaded with :func:`safe_load` and its config
-    checked; a ``ValueError`` naming the file when it is a training checkpoint or lacks a
-    part."""
-    state = safe_load(path, map_location=map_location)
-    name = os.fspath(path)
-    if "config" not in state and all(k in state for k in _CHECKPOINT_KEYS):
-        beside = Path(path).with_name("fit.pt")
-        which = (f"pass {os.fspath(beside)!r}, written beside it" if beside.exists() else
-                 "pass the fit.pt that `pyro-dgp fit` writes to its --output folder")
-        raise ValueError(f"{name!r} is a training checkpoint (for resuming with --resume / "
-                         "resume=True), not a fit saved by `pyro-dgp fit` or save_fit: "
-                         f"{which}")
-    missing = [k for k in ("config", "model", "guide") if k not in state]
-    if missing:
-        raise ValueError(f"{name!r} is not a fit saved by `pyro-dgp fit` or save_fit: it lacks "
-                         f"{missing}")
-    check_fit_config(state["config"], where=name)
-    return state
-
-
-def check_fit_config(config, where: str = "config") -> None:
-    """That ``config`` can rebuild a model and guide (:func:`model_from_config`,
-    ``make_guide``): a dict with the builder's keyword arguments under ``"model"`` and a guide
-    name under ``"guide"``; a ``ValueError`` naming what is missing or wrong."""
-    if not isinstance(config, Mapping):
-        raise ValueError(f"{where}: the fit's config must be a dict, got {type(config).__name__}")
-    if not isinstance(config.get("model"), Mapping):
-        raise ValueError(f"{where}: the fit's config needs under \"model\" a dict of the model "
-                         "builder's keyword arguments, e.g. {'num_layers': 2, 'num_inducing': "
-                         f"100}} ({{}} for the defaults); got {config.get('model')!r}")
-    if config.get("guide") not in GUIDES:
-        raise ValueError(f"{where}: the fit's config needs under \"guide\" the guide's name, one "
-                         f"of {sorted(GUIDES)}; got {config.get('guide')!r}")
-    model = config["model"]
-    architecture = model.get("architecture", "dsvi")
-    if architecture not in ARCHITECTURES:
-        raise ValueError(f"{where}: model architecture must be one of {ARCHITECTURES}, got "
-                         f"{architecture!r}")
-    if model.get("task", "regression") not in ("regression", "classification"):
-        raise ValueError(f"{where}: model task must be 'regression' or 'classification', got "
-                         f"{model.get('task')!r}")
-    builder = avdgp_regression if architecture == "avdgp" else DeepGP.regression
-    accepted = {name for name, p in inspect.signature(builder).parameters.items()
-                if p.kind is inspect.Parameter.KEYWORD_ONLY}
-    if architecture == "avdgp" or model.get("task") == "classification":
-        accepted.discard("likelihood")  # set by the task
-    unknown = sorted(set(model) - accepted - {"architecture", "task"})
-    if unknown:
-        raise ValueError(f"{where}: the model config has {unknown}, which the {architecture} "
-                         f"builder does not take (it takes {sorted(accepted)})")
-
-
-def save_fit(path: str | os.PathLike, model: DeepGP, guide, config: dict) -> None:
-    """Write the model's and guide's state with the ``config`` that rebuilds them.
-
-    ``config`` holds the keyword arguments of :meth:`DeepGP.regression` (or
-    ``classification``, or with ``"architecture": "avdgp"`` of
-    :func:`~pyro_dgp.gp.avdgp.avdgp_regression`) under ``"model"`` and the guide name under
-    ``"guide"``; rebuilding also needs the training inputs (they fix k-means and PCA initial
-    values, which the saved state then overwrites). The model's number of inputs ``D`` is
-    saved too, so that loading on ``(N, D')`` inputs with ``D' != D`` is refused by name.
-
-    :raises TypeError: for a model :func:`load_fit` cannot rebuild (not a ``DeepGP``).
-    :raises ValueError: for a config it cannot rebuild from, or one that describes another
-        model (its number of layers, global versus per-point inducing points).
-    """
-    if not isinstance(model, DeepGP):
-        raise TypeError(
-            f"save_fit saves a DeepGP that load_fit rebuilds from config (DeepGP.regression / "
-            f"classification, or avdgp_regression); got a {type(model).__name__}. Save another "
-            "model's state yourself: torch.save({'model': model.state_dict(), 'guide': "
-            "guide.state_dict()}, path)")
-    check_fit_config(config, where="save_fit")
-    _check_plain(config, "config")
-    _check_config_describes(model, config)
-    atomic_save(Path(path), {"config": config, "model": model.state_dict(),
-                             "guide": guide.state_dict(), "input_dim": model.input_dim})
-
-
-def _check_plain(value, where: str) -> None:
-    """That ``value`` is plain data (what a weights-only load reads back)."""
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise ValueError(f"save_fit: {where} has the key {key!r}; keys must be strings")
-            _check_plain(item, f"{where}[{key!r}]")
-    elif isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            _check_plain(item, f"{where}[{i}]")
-    elif not isinstance(value, str | int | float | bool | type(None)):
-        raise ValueError(f"save_fit: {where} is a {type(value).__name__}; a saved fit's config "
-                         "holds plain data only (strings, numbers, lists, dicts), which "
-                         "load_fit reads back without running code")
-
-
-def _check_config_describes(model: DeepGP, config: dict) -> None:
-    """That rebuilding from ``config`` gives a model of ``model``'s layers."""
-    cfg = config["model"]
-    avdgp = cfg.get("architecture", "dsvi") == "avdgp"
-    if bool(has_local_inducing(model)) != avdgp:
-        said, has, fits = (("an avdgp model (per-point inducing points)", "global", "dsvi")
-                           if avdgp else ("a dsvi model (global inducing points)",
-                                          "per-point (amortized)", "avdgp"))
-        raise ValueError(f"save_fit: config['model'] describes {said}, but the model's layers "
-                         f"have {has} inducing points (for this model, \"architecture\": "
-                         f"{fits!r})")
-    layers = (len(cfg.get("hidden_dims", PAPER_HIDDEN_DIMS)) + 1 if avdgp
-              else cfg.get("num_layers", 2))
-    if layers != len(model.layers):
-        raise ValueError(f"save_fit: config['model'] describes {layers} layers, the model has "
-                         f"{len(model.layers)}")
-
-
-def model_from_config(config: dict, X_train: torch.Tensor, y_train: torch.Tensor) -> DeepGP:
-    """The model that ``config`` (a saved fit's ``config["model"]``) describes, built on
-    the training data: its ``"architecture"`` (:data:`ARCHITECTURES`, default ``"dsvi"``),
-    its ``"task"`` (``"regression"`` or ``"classification"``) and the builder's keyword
-    arguments."""
-    kwargs = dict(config)
-    task = kwargs.pop("task", "regression")
-    architecture = kwargs.pop("architecture", "dsvi")
-    if architecture not in ARCHITECTURES:
-        raise ValueError(f"model architecture must be one of {ARCHITECTURES}, got "
-                         f"{architecture!r}")
-    if architecture == "avdgp":
-        likelihood = "probit" if task == "classification" else "gaussian"
-        return avdgp_regression(X_train, y_train, likelihood=likelihood, **kwargs)
-    build = DeepGP.classification if task == "classification" else DeepGP.regression
-    return build(X_train, y_train, **kwargs)
-
-
-def load_fit(path: str | os.PathLike, X_train: torch.Tensor, y_train: torch.Tensor, *,
-             state: dict | None = None):
-    """Rebuild ``(model, guide, config)`` saved by :func:`save_fit` on the same training data
-    (``X_train (N, D)``, ``y_train (N,)``); ``state``: the file as :func:`read_fit` already
-    read it (on the CPU), not read again.
-
-    :raises ValueError: naming the file, when it is no saved fit (a training checkpoint, say),
-        or when ``X_train`` has another number of inputs ``D`` than the fit.
-    """
-    if state is None:
-        state = read_fit(path, map_location=X_train.device)
-    config = state["config"]
-    saved_dim = state.get("input_dim")
-    if saved_dim is not None and X_train.shape[-1] != saved_dim:
-        raise ValueError(f"the fit in {os.fspath(path)!r} has {saved_dim} inputs, X_train has "
-                         f"{X_train.shape[-1]} columns: load it with the data it was fitted to")
-    model = model_from_config(config["model"], X_train, y_train)
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as err:
-        raise ValueError(f"the fit in {os.fspath(path)!r} does not match the model its config "
-                         f"builds on these data ({X_train.shape[-1]} inputs): "
-                         f"{str(err).splitlines()[-1].strip()}") from None
-    guide = make_guide(config["guide"], model)
-    with torch.no_grad():
-        guide(X_train[:2], y_train[:2])  # build lazily-created parameters before loading
-    guide.load_state_dict(state["guide"])
-    return model, guide, config
