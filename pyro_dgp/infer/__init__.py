@@ -9,14 +9,19 @@ The training engine (``fit``, ``FitResult``, ``save_fit``/``load_fit``, ...) is 
 import importlib
 import warnings
 
-from .elbo import AnalyticKL_ELBO
+from .alpha import LocalAlpha
+from .amortized import AmortizedELBO
+from .elbo import AnalyticKL_ELBO, ReparamTrace_ELBO
 from .importance import RenyiELBO, importance_weights
 from .objectives import ELBOEstimate, evaluate_elbo, make_objective
 
 __all__ = [
+    "AmortizedELBO",
     "AnalyticKL_ELBO",
     "ELBOEstimate",
+    "LocalAlpha",
     "RenyiELBO",
+    "ReparamTrace_ELBO",
     "evaluate_elbo",
     "importance_weights",
     "make_objective",

@@ -47,7 +47,13 @@ def make_objective(objective, guide, num_particles: int = 1, alpha: float = 0.5,
     that factorise like the prior, else ``"elbo"`` (Trace_ELBO). ``"meanfield"`` is
     :class:`~pyro_dgp.infer.elbo.AnalyticKL_ELBO`:
     TraceMeanField_ELBO's estimator (analytic KL), without the log-densities it discards.
-    ``"renyi"`` is :class:`~pyro_dgp.infer.importance.RenyiELBO` (alpha 0.5)."""
+    ``"renyi"`` is :class:`~pyro_dgp.infer.importance.RenyiELBO` (alpha 0.5).
+
+    Each name is a shorthand for an instance, the same one the name builds: with ``P =
+    num_particles``, ``"elbo"`` is ``ReparamTrace_ELBO(num_particles=P,
+    vectorize_particles=P > 1, max_plate_nesting=1)``, ``"meanfield"`` the same settings of
+    ``AnalyticKL_ELBO``, ``"renyi"`` ``RenyiELBO(alpha=0.5, num_particles=max(P, 2), ...)``
+    and ``"alpha"`` ``LocalAlpha(alpha, num_samples)``; ``fit`` trains the same with either."""
     if isinstance(objective, ELBO):
         if isinstance(objective, TraceMeanField_ELBO):
             _warn_mean_field(guide)
