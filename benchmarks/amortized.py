@@ -49,12 +49,12 @@ from pyro_dgp.gp.deep_gp import DeepGP
 from pyro_dgp.gp.layer import GPLayer
 from pyro_dgp.guides import Amortized, MeanField
 from pyro_dgp.infer.amortized import AmortizedELBO
-from pyro_dgp.infer.checkpoint import atomic_save, rng_state, safe_load, set_rng_state
 from pyro_dgp.infer.objectives import make_objective
 from pyro_dgp.kernels import Matern52
 from pyro_dgp.likelihoods import Gaussian
 from pyro_dgp.prediction import predict
 from pyro_dgp.prediction.metrics import crps, nll, rmse
+from pyro_dgp.train.checkpoint import atomic_save, rng_state, safe_load, set_rng_state
 
 METHODS = ("dsdgp", "ar1", "ar2", "ar2p", "ar2pp")
 DATASETS = {"kin8nm": "kin8nm", "power": "power-plant", "protein": "protein-tertiary-structure"}

@@ -36,8 +36,8 @@ from pyro_dgp import datasets, kernels
 from pyro_dgp.gp.deep_gp import DeepGP
 from pyro_dgp.gp.layer import GPLayer
 from pyro_dgp.guides import Chain, Coupled, MeanField, shared_draws
-from pyro_dgp.infer.training import fit, make_objective
 from pyro_dgp.likelihoods import Gaussian
+from pyro_dgp.train.training import fit, make_objective
 
 __all__ = ["build_model", "layer_variances_at_zero", "main"]
 

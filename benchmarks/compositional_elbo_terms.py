@@ -18,7 +18,7 @@ from pyro import poutine
 from pyro.distributions.kl import kl_divergence
 
 from pyro_dgp import datasets
-from pyro_dgp.infer.training import fit
+from pyro_dgp.train.training import fit
 
 
 def _kl(guide_site, model_site) -> float:

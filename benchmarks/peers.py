@@ -65,9 +65,9 @@ from torch.distributions import Normal
 from pyro_dgp import datasets
 from pyro_dgp.gp.deep_gp import DeepGP as PackageDeepGP
 from pyro_dgp.guides import MeanField
-from pyro_dgp.infer.training import fit
 from pyro_dgp.prediction import DrawMixturePredictive, predict
 from pyro_dgp.prediction.metrics import coverage, crps, nll, rmse
+from pyro_dgp.train.training import fit
 
 __all__ = ["BENCHMARK", "PEERS", "build_parser", "main", "mixture_scores", "run_peer"]
 

@@ -87,7 +87,7 @@ def worker(args) -> None:
 
     distributed = args.processes[0] > 1
     if distributed:
-        dgp.infer.distributed.init("cpu", timeout=600)
+        dgp.train.distributed.init("cpu", timeout=600)
     rank = int(os.environ.get("RANK", 0))
     t0 = time.perf_counter()
     stream = ArrayStream(Path(args.data) / "X.npy", Path(args.data) / "y.npy")
@@ -107,7 +107,7 @@ def worker(args) -> None:
               "last_loss_per_row": result.losses[-1] / stream.num_data}
     Path(f"{args.report}.{rank}").write_text(json.dumps(report))
     if distributed:
-        dgp.infer.distributed.shutdown()
+        dgp.train.distributed.shutdown()
 
 
 # ------------------------------------------------------------------------------- the driver

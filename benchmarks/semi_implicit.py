@@ -51,8 +51,8 @@ from tqdm.auto import tqdm
 
 from pyro_dgp import gold
 from pyro_dgp.guides.registry import make_guide
-from pyro_dgp.infer.training import TrainingDivergedError, fit
 from pyro_dgp.prediction import predict
+from pyro_dgp.train.training import TrainingDivergedError, fit
 
 __all__ = ["GUIDES", "build_parser", "main", "run_toy"]
 

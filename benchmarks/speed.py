@@ -29,7 +29,7 @@ The three implementations run the SAME model and the same step:
              hyperparameters, and its ELBO is divided by N.
 ``graph``, ``plain-graph`` (CUDA only) ``ours`` and ``plain`` with the loss and its gradient
              recorded as a CUDA graph after the first step and replayed
-             (:class:`pyro_dgp.infer.cuda_graph.GraphedLoss`, what ``fit(cuda_graph=True)``
+             (:class:`pyro_dgp.train.cuda_graph.GraphedLoss`, what ``fit(cuda_graph=True)``
              does), the optimiser step eager.
 ``plain``    :class:`PlainDSVI`: the same model and estimator written directly with tensors and
              ``torch.linalg`` (no Pyro, no distributions): the floor. Its loss equals ours for
@@ -74,13 +74,13 @@ import torch
 from machine import cpu_model
 
 from pyro_dgp.gp.conditional import quadratic_conditional
-from pyro_dgp.infer.training import make_objective, make_optimizer
+from pyro_dgp.train.training import make_objective, make_optimizer
 
 __all__ = ["Config", "PlainDSVI", "build_parser", "main", "make_implementations"]
 
 IMPLEMENTATIONS = ("ours", "svi", "gpytorch", "plain")
 #: on a GPU also: ours' and the floor's step with the forward and backward pass replayed from a
-#: CUDA graph (pyro_dgp.infer.cuda_graph, as ``fit(cuda_graph=True)``)
+#: CUDA graph (pyro_dgp.train.cuda_graph, as ``fit(cuda_graph=True)``)
 GRAPHED = ("graph", "plain-graph")
 #: on a GPU, an experiment towards the compute floor: ours' and the floor's loss compiled by
 #: ``torch.compile`` (inductor's fused kernels, replayed from its own CUDA graphs)
@@ -447,7 +447,7 @@ class Graphed:
     def step(self, X, y) -> float:
         import pyro
 
-        from pyro_dgp.infer.cuda_graph import GraphedLoss
+        from pyro_dgp.train.cuda_graph import GraphedLoss
 
         if self.graphed is None:
             loss = self.impl.step(X, y)

@@ -46,10 +46,10 @@ from pyro_dgp import datasets
 from pyro_dgp.gp.deep_gp import DeepGP
 from pyro_dgp.guides import MeanField
 from pyro_dgp.guides.registry import GUIDES, make_guide
-from pyro_dgp.infer.checkpoint import safe_load
-from pyro_dgp.infer.training import TrainingDivergedError, fit
 from pyro_dgp.prediction import predict
 from pyro_dgp.prediction.metrics import coverage, crps, nll, rmse
+from pyro_dgp.train.checkpoint import safe_load
+from pyro_dgp.train.training import TrainingDivergedError, fit
 
 __all__ = [
     "PUBLISHED_SOURCE",

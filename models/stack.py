@@ -17,7 +17,7 @@ from pyro.nn import PyroModule
 
 import pyro_dgp as dgp
 from pyro_dgp.gp.architectures import kmeans, pca_mean
-from pyro_dgp.infer.draws import set_up_guide, trace_draws
+from pyro_dgp.guides.draws import set_up_guide, trace_draws
 from pyro_dgp.rng import seeded
 from pyro_dgp.validation import unique_name
 

@@ -21,19 +21,11 @@ from .diagnostics import (
 )
 from .gp import AmortizedGPLayer, DeepGP, GPLayer
 from .guides import complete, inducing_only
-from .infer import (
-    FitResult,
-    StepInfo,
-    TrainingDivergedError,
-    TrainingInstabilityWarning,
-    evaluate_elbo,
-    fit,
-    importance,
-    importance_weights,
-)
+from .infer import evaluate_elbo, importance, importance_weights
 from .infer.amortized import AmortizedELBO
 from .linalg import CholeskyError, NumericalWarning
 from .prediction import DrawMixturePredictive, MixturePredictive, metrics, predict
+from .train import FitResult, StepInfo, TrainingDivergedError, TrainingInstabilityWarning, fit
 
 __version__ = "0.1.0"
 

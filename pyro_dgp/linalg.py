@@ -27,7 +27,7 @@ _RECORDING = [False]
 @contextlib.contextmanager
 def recording_graph():
     """Within: the computation is recorded as a CUDA graph, or run to check that it can be
-    (:mod:`pyro_dgp.infer.cuda_graph`): code that would read a value back to the host
+    (:mod:`pyro_dgp.train.cuda_graph`): code that would read a value back to the host
     (to retry a failed factorisation, say) takes a path that does not."""
     previous, _RECORDING[0] = _RECORDING[0], True
     try:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
 import torch
 
-__all__ = ["MAX_SEED", "seeded"]
+__all__ = ["MAX_SEED", "seeded", "step_seed"]
 
 #: the largest seed NumPy's global stream takes (``pyro.set_rng_seed`` seeds it too)
 MAX_SEED = 2**32 - 1
@@ -23,3 +24,9 @@ def seeded(seed: int | None, device: torch.device):
         if seed is not None:
             torch.manual_seed(seed)
         yield
+
+
+def step_seed(seed: int, step: int, rank: int) -> int:
+    """The seed of process ``rank``'s draws at ``step`` of a run seeded ``seed``: a hash of
+    the three (NumPy's ``SeedSequence``), below ``2**32``."""
+    return int(np.random.SeedSequence([seed % 2**63, step, rank]).generate_state(1)[0])

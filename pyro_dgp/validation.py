@@ -20,6 +20,7 @@ __all__ = [
     "pyro_name",
     "check_positive_int",
     "labels_like",
+    "model_dtype_device",
     "positive_tensor",
     "unique_name",
 ]
@@ -233,3 +234,12 @@ def check_bool(value, label: str) -> bool:
         return bool(value)
     raise TypeError(f"{label} must be True or False, got {value!r} (of type "
                     f"{type(value).__name__})")
+
+
+def model_dtype_device(model) -> tuple[torch.dtype, torch.device]:
+    """The dtype and device of a model's parameters (a stream's rows are converted to
+    them); the default dtype on the CPU for a model without parameters."""
+    p = next(iter(model.parameters()), None)
+    if p is None:
+        return torch.get_default_dtype(), torch.device("cpu")
+    return p.dtype, p.device

@@ -36,7 +36,7 @@ torch.set_num_threads(1)
 import pyro  # noqa: E402
 
 import pyro_dgp as dgp  # noqa: E402
-from pyro_dgp.infer.distributed import PeerFailedError  # noqa: E402
+from pyro_dgp.train.distributed import PeerFailedError  # noqa: E402
 
 N, BATCH, STEPS, KILL_AT = 64, 32, 20, 12
 HANG_TIMEOUT = 3.0  # seconds
@@ -159,7 +159,7 @@ def main(scenario: str, out: str) -> None:
             setattr(Recording, f"{scenario}_at", KILL_AT)
         if scenario == "hang":
             checkpoint = os.path.join(out, "hung.pt")
-        dgp.infer.distributed.init(timeout=30 if scenario == "kill" else HANG_TIMEOUT)
+        dgp.train.distributed.init(timeout=30 if scenario == "kill" else HANG_TIMEOUT)
         try:
             run(2, "MeanField", distributed=True, checkpoint=checkpoint, checkpoint_every=5)
         except PeerFailedError as err:
@@ -171,7 +171,7 @@ def main(scenario: str, out: str) -> None:
                            checkpoint_every=5, resume=True, seed=None)
     elif scenario in ("raise", "corrupt"):
         fails = rank == (1 if scenario == "raise" else 0)
-        dgp.infer.distributed.init(timeout=FAULT_TIMEOUT)
+        dgp.train.distributed.init(timeout=FAULT_TIMEOUT)
         FailingELBO.fail_at = KILL_AT if scenario == "raise" and fails else None
         try:
             if scenario == "raise":

@@ -416,7 +416,7 @@ def test_joint_guides_log_q_is_the_joint_density_of_the_draws(kind):
     unreliable, -log q of the guide's own draws still averages to the closed-form entropy
     (within 4 Monte Carlo standard errors)."""
     from pyro_dgp.diagnostics.psis import guide_log_density
-    from pyro_dgp.infer.draws import trace_draws
+    from pyro_dgp.guides.draws import trace_draws
 
     X, y = _data()
     model = dgp.DeepGP.regression(X, y, num_layers=3, num_inducing=6, hidden_dim=2)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import pyro_dgp as dgp
-from pyro_dgp.infer.checkpoint import save_fit
+from pyro_dgp.train.saved import save_fit
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +107,7 @@ def test_another_length_under_a_decaying_schedule_is_warned(data, tmp_path):
 def test_a_checkpoint_from_before_schedules_resumes_as_a_constant_rate(data, ckpt):
     """A checkpoint that records no schedule was written at a constant rate: resuming it under
     the default cosine schedule is warned, at ``lr_schedule='constant'`` it is not."""
-    from pyro_dgp.infer.checkpoint import atomic_save
+    from pyro_dgp.train.checkpoint import atomic_save
 
     state = torch.load(ckpt, weights_only=True)
     for key in ("lr_schedule", "lr_decay", "num_steps"):

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import pyro_dgp as dgp
-from pyro_dgp.infer.checkpoint import load_fit, safe_load, save_fit
+from pyro_dgp.train.checkpoint import safe_load
+from pyro_dgp.train.saved import load_fit, save_fit
 
 DT = torch.float64
 

@@ -423,7 +423,7 @@ def test_three_layer_loss_gradient_matches_finite_differences(Guide):
     """Three layers (so Chain's middle block enters the next one through a triangular solve):
     the loss backpropagates, and its gradient along random directions in the guide's
     parameters equals a central finite difference of the loss at the same draws."""
-    from pyro_dgp.infer.training import make_objective
+    from pyro_dgp.train.training import make_objective
 
     model, X, y = _model(num_layers=3, N=15, M=4, hidden=1)
     guide = Guide(model)

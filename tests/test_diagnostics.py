@@ -85,7 +85,7 @@ def test_kl_autoguides_closed_form_and_monte_carlo():
     closed = layer_kl(model, normal, X)
     # Monte Carlo from the trace, forcing the fallback with a plain guide wrapper
     from pyro_dgp.diagnostics.kl import monte_carlo_kl, monte_carlo_kl_draws
-    from pyro_dgp.infer.draws import trace_draws
+    from pyro_dgp.guides.draws import trace_draws
 
     with torch.no_grad():
         pyro.set_rng_seed(0)

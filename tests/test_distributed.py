@@ -1,4 +1,4 @@
-"""Data-parallel training (pyro_dgp.infer.distributed): two processes on gloo against one.
+"""Data-parallel training (pyro_dgp.train.distributed): two processes on gloo against one.
 
 The processes are forked from the test process (its imports shared, so a launch costs no
 start-up) and join their group through torchrun's environment (RANK, WORLD_SIZE,
@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import distributed_worker as worker  # noqa: E402
 
-from pyro_dgp.infer.batches import Batches  # noqa: E402
-from pyro_dgp.infer.distributed import step_seed  # noqa: E402
 from pyro_dgp.infer.objectives import make_objective  # noqa: E402
-from pyro_dgp.infer.optim import parameters_of  # noqa: E402
+from pyro_dgp.rng import step_seed  # noqa: E402
+from pyro_dgp.train.batches import Batches  # noqa: E402
+from pyro_dgp.train.optim import parameters_of  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux" or not torch.distributed.is_available()

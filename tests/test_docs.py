@@ -28,7 +28,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.py"))
 #: the packages whose ``__all__`` the API reference covers (``metrics``, ``importance``: the
 #: modules ``pyro_dgp.metrics`` and ``pyro_dgp.importance`` name)
 PUBLIC = ["pyro_dgp", "pyro_dgp.guides", "pyro_dgp.gp", "pyro_dgp.kernels",
-          "pyro_dgp.likelihoods", "pyro_dgp.infer", "pyro_dgp.infer.importance",
+          "pyro_dgp.likelihoods", "pyro_dgp.train", "pyro_dgp.infer", "pyro_dgp.infer.importance",
           "pyro_dgp.prediction", "pyro_dgp.prediction.metrics", "pyro_dgp.diagnostics",
           "pyro_dgp.gold", "pyro_dgp.datasets"]
 

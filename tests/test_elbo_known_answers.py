@@ -164,14 +164,14 @@ def test_renyi_bound_at_the_exact_posterior_is_the_marginal_likelihood(alpha):
     model, guide, X, y, exact = _exact_posterior(whiten=True, collapsed=False)
     renyi = RenyiELBO(alpha=alpha, num_particles=20, vectorize_particles=True,
                       max_plate_nesting=1)
-    ours = dgp.infer.training.make_objective(renyi, guide)
+    ours = dgp.infer.objectives.make_objective(renyi, guide)
     assert isinstance(ours, dgp.importance.RenyiELBO) and ours.alpha == alpha
     pyro.set_rng_seed(0)
     bound = -ours.loss(model, guide, X, y)
     assert abs(bound - exact) / abs(exact) < 1e-6, (bound, exact)
     model, guide, X, y, exact = _exact_posterior(whiten=True, collapsed=True)
     with pytest.raises(ValueError, match="RenyiELBO needs each draw's importance weight"):
-        dgp.infer.training.make_objective(renyi, guide)
+        dgp.infer.objectives.make_objective(renyi, guide)
     # why: Pyro's RenyiELBO on the collapsed draws, whose estimates of a valid bound would
     # average at or below log p(y), averages above it
     est = torch.tensor([-renyi.loss(model, guide, X, y) for _ in range(40)])

@@ -14,8 +14,8 @@ import torch
 from pyro.infer import Trace_ELBO
 
 import pyro_dgp as dgp
-from pyro_dgp.infer.monitor import TrainingInstabilityWarning, validation_loss
-from pyro_dgp.infer.progress import Progress
+from pyro_dgp.train.monitor import TrainingInstabilityWarning, validation_loss
+from pyro_dgp.train.progress import Progress
 
 
 @pytest.fixture(scope="module")
@@ -363,7 +363,7 @@ def test_the_demos_gp_ends_converged_under_the_default_schedule():
 def test_a_loss_past_1e154_is_tracked_not_an_overflow_error():
     """The smoothed square of a residual past 1e154 is inf (then a warning), not Python's
     OverflowError out of fit (a three-layer Chain started at 1e-5 reached 1e200)."""
-    from pyro_dgp.infer.monitor import LossMonitor
+    from pyro_dgp.train.monitor import LossMonitor
 
     monitor = LossMonitor(num_data=1)
     for loss in (10.0, 9.0, 1e200, 1e300):

@@ -16,8 +16,8 @@ from registry_models import model_for
 import pyro_dgp as dgp
 from pyro_dgp.guides import registry
 from pyro_dgp.guides.blocks import GaussianBlocks
+from pyro_dgp.guides.draws import trace_draws
 from pyro_dgp.guides.protocol import GuideProtocol, PlainGuide, protocol_of
-from pyro_dgp.infer.draws import trace_draws
 
 DT = torch.float64
 S = 3

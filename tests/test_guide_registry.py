@@ -17,7 +17,7 @@ from pyro_dgp.guides.registry import (
     has_local_inducing,
     make_guide,
 )
-from pyro_dgp.infer.checkpoint import load_fit, save_fit
+from pyro_dgp.train.saved import load_fit, save_fit
 
 DT = torch.float64
 

@@ -278,7 +278,7 @@ def test_every_guide_trains_at_every_depth_with_every_likelihood(name, num_layer
     r = dgp.fit(model, guide, X, y, num_steps=3, batch_size=16, progress=False,
                 objective=objective)
     assert all(math.isfinite(v) for v in r.losses)
-    loss = dgp.infer.training.make_objective(objective, guide).differentiable_loss(
+    loss = dgp.infer.objectives.make_objective(objective, guide).differentiable_loss(
         model, guide, X, y)
     params = [(n, p) for n, p in guide.named_parameters() if p.requires_grad]
     grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)

@@ -222,7 +222,7 @@ def test_locations_layer_kl_averages_over_the_random_inducing_inputs():
     KL(q(f^z_2) || N(mu(f^z_1), K(f^z_1))) (seed 003 eq. 23), against torch's KL per draw,
     and against the Monte Carlo log q - log p within 4 standard errors."""
     from pyro_dgp.diagnostics.kl import monte_carlo_kl
-    from pyro_dgp.infer.draws import trace_draws
+    from pyro_dgp.guides.draws import trace_draws
 
     model, X, y = _locations_model()
     guide = dgp.guides.MeanField(model)

@@ -78,7 +78,7 @@ def test_the_check_leaves_the_global_random_stream_alone():
         pyro.clear_param_store()
         model = _Hand(scaled=True)
         guide = dgp.guides.MeanField(model)
-        from pyro_dgp.infer import training
+        from pyro_dgp.train import training
 
         saved = training.check_minibatch_scale
         if not check:

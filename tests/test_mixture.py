@@ -11,7 +11,7 @@ from torch.distributions import Categorical, MixtureSameFamily, MultivariateNorm
 import pyro_dgp as dgp
 from pyro_dgp.diagnostics.psis import guide_log_density
 from pyro_dgp.guides import Mixture
-from pyro_dgp.infer.draws import trace_draws
+from pyro_dgp.guides.draws import trace_draws
 from pyro_dgp.infer.mixture import SIWAE, StratifiedELBO, component_log_weights
 from pyro_dgp.rng import seeded
 

@@ -14,7 +14,6 @@ import torch
 from known_answers import whitened_optimum
 
 import pyro_dgp as dgp
-from pyro_dgp.infer import training
 from pyro_dgp.infer.elbo import AnalyticKL_ELBO
 from pyro_dgp.infer.natgrad import (
     NaturalGradient,
@@ -25,6 +24,7 @@ from pyro_dgp.infer.natgrad import (
     natural_step,
     warmup_gamma,
 )
+from pyro_dgp.train import training
 
 DT = torch.float64
 

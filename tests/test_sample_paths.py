@@ -13,7 +13,7 @@ from pyro.infer.autoguide import AutoMultivariateNormal
 import pyro_dgp as dgp
 from pyro_dgp.diagnostics import plot_layer_paths
 from pyro_dgp.diagnostics.export import to_datatree
-from pyro_dgp.infer.draws import trace_draws
+from pyro_dgp.guides.draws import trace_draws
 
 
 def _fit(guide_name: str, steps: int = 60):

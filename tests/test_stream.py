@@ -1,5 +1,5 @@
 """Streaming data (pyro_dgp.datasets.stream), the minibatches drawn from it
-(pyro_dgp.infer.batches), the ELBO over chunks (pyro_dgp.infer.chunked) and predictions by
+(pyro_dgp.train.batches), the ELBO over chunks (pyro_dgp.train.chunked) and predictions by
 chunk (pyro_dgp.prediction.streaming)."""
 
 import math
@@ -25,11 +25,11 @@ from pyro_dgp.datasets.stream import (  # noqa: E402
     IterableStream,
     as_stream,
 )
-from pyro_dgp.infer.batches import Batches  # noqa: E402
-from pyro_dgp.infer.chunked import chunked_elbo  # noqa: E402
-from pyro_dgp.infer.distributed import step_seed  # noqa: E402
 from pyro_dgp.infer.objectives import evaluate_elbo  # noqa: E402
 from pyro_dgp.prediction.streaming import predict_chunks, stream_report  # noqa: E402
+from pyro_dgp.rng import step_seed  # noqa: E402
+from pyro_dgp.train.batches import Batches  # noqa: E402
+from pyro_dgp.train.chunked import chunked_elbo  # noqa: E402
 
 
 def _raw(n=300, d=3, seed=0):

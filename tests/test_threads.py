@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import pyro_dgp as dgp
-from pyro_dgp.infer.threads import (
+from pyro_dgp.train.threads import (
     PARALLEL_WORK,
     available_cores,
     num_threads,

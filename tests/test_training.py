@@ -297,7 +297,7 @@ def test_pyro_svi_sees_and_trains_every_parameter(step, likelihood, guide_kind):
         "chain": lambda: dgp.guides.Chain(model),
         "autonormal": lambda: dgp.complete(AutoNormal(dgp.inducing_only(model)), model),
     }[guide_kind]()
-    elbo = dgp.infer.training.make_objective("auto", guide)
+    elbo = dgp.infer.objectives.make_objective("auto", guide)
     with torch.no_grad():
         guide(X, y)
     params = {id(p): n for m in (model, guide) for n, p in m.named_parameters()
@@ -439,7 +439,7 @@ def test_cuda_graph_option_needs_cuda_data_and_a_plain_step(step):
 
 
 class EagerReplays:
-    """A stand-in for :class:`~pyro_dgp.infer.cuda_graph.GraphedLoss` on the CPU: each
+    """A stand-in for :class:`~pyro_dgp.train.cuda_graph.GraphedLoss` on the CPU: each
     "replay" evaluates the loss and its gradient eagerly, as the graph would compute them; a
     failed Cholesky factor gives a NaN loss, as inside a graph. ``poison``: the replays'
     gradients are NaN (a graph gone wrong); ``nan_replays``: the replays (counted from 0) whose
@@ -485,9 +485,9 @@ def stand_in_graph(monkeypatch):
     (tests/test_cuda.py runs the real graph)."""
     import contextlib
 
-    import pyro_dgp.infer.cuda_graph as cuda_graph
-    import pyro_dgp.infer.trainer as trainer
-    import pyro_dgp.infer.training as training
+    import pyro_dgp.train.cuda_graph as cuda_graph
+    import pyro_dgp.train.trainer as trainer
+    import pyro_dgp.train.training as training
 
     monkeypatch.setattr(training, "check_graph_options", lambda *a: None)
     monkeypatch.setattr(trainer, "side_stream", lambda device: contextlib.nullcontext())
@@ -544,7 +544,7 @@ def test_a_run_that_diverges_after_an_eager_rerun_stops(step, stand_in_graph, mo
 def test_dropping_non_finite_moments_covers_scalar_parameters():
     """After a NaN gradient, every moment is repaired, a scalar parameter's 0-dim ones too
     (a kernel variance, the noise): otherwise the next update is NaN again."""
-    from pyro_dgp.infer.optim import drop_non_finite_moments, make_optimizer
+    from pyro_dgp.train.optim import drop_non_finite_moments, make_optimizer
 
     scalar, vector = torch.zeros((), requires_grad=True), torch.zeros(3, requires_grad=True)
     opt = make_optimizer(torch.optim.Adam, [scalar, vector], 0.1)

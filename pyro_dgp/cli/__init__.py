@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from ..infer.distributed import PeerFailedError
+from ..train.distributed import PeerFailedError
 from .parser import build_parser
 
 __all__ = ["build_parser", "main"]

@@ -12,17 +12,16 @@ import pyro
 import torch
 
 from .. import datasets, metrics
-from ..gp.avdgp import PAPER_HIDDEN_DIMS, PAPER_NUM_INDUCING
 from ..gp.deep_gp import DeepGP
 from ..guides.protocol import protocol_of
 from ..guides.registry import has_local_inducing, make_guide
-from ..infer import distributed
-from ..infer.checkpoint import load_fit, model_from_config, read_fit, save_fit
 from ..infer.natgrad import warmup_gamma
 from ..infer.objectives import default_num_particles
-from ..infer.threads import num_threads, step_work, threads_for
-from ..infer.training import fit
 from ..prediction import predict
+from ..train import distributed
+from ..train.saved import MODELS, load_fit, model_from_config, read_fit, save_fit
+from ..train.threads import num_threads, step_work, threads_for
+from ..train.training import fit
 from .data import data_spec, evaluate_settings, load_data
 
 __all__ = ["DEFAULT_INDUCING", "DEFAULT_LAYERS", "cmd_demo", "cmd_evaluate", "cmd_fit", "note"]
@@ -255,27 +254,27 @@ def _check_natural_gradient(name: str, guide) -> None:
 
 
 def _model_config(args, num_train: int) -> dict:
-    """The settings of the model to build (``--model``), saved with the fit
-    (:func:`~pyro_dgp.infer.checkpoint.model_from_config`)."""
-    if args.model == "avdgp":
-        unused = [option for option, given in (("--layers", args.layers != DEFAULT_LAYERS),
-                                               ("--hidden-dim", args.hidden_dim is not None),
-                                               ("--num-inducing",
-                                                args.num_inducing != DEFAULT_INDUCING))
-                  if given]
-        if unused:
-            verb = "does" if len(unused) == 1 else "do"
-            note(f"{', '.join(unused)} {verb} not apply to --model avdgp, the architecture of Meng "
-                 f"and Zhang 2024 (widths {PAPER_HIDDEN_DIMS}, M = {PAPER_NUM_INDUCING})")
-        cfg = {"architecture": "avdgp", "seed": args.seed}
-    else:
-        if args.num_inducing > num_train:
-            note(f"--num-inducing {args.num_inducing} is more than the {num_train} training "
-                 f"points: using M = {num_train} inducing points per layer")
-        cfg = {"num_layers": args.layers, "num_inducing": min(args.num_inducing, num_train),
-               "seed": args.seed}
-        if args.hidden_dim is not None:
-            cfg["hidden_dim"] = args.hidden_dim
+    """The settings of the model to build (``--model``, a builder of
+    :data:`~pyro_dgp.train.saved.MODELS`), saved with the fit
+    (:func:`~pyro_dgp.train.saved.model_from_config`): the sizes it takes of ``--layers``,
+    ``--num-inducing`` and ``--hidden-dim``; those given that it does not take are noted."""
+    builder = MODELS[args.model]
+    sizes = {"num_layers": ("--layers", args.layers, args.layers != DEFAULT_LAYERS),
+             "num_inducing": ("--num-inducing", min(args.num_inducing, num_train),
+                              args.num_inducing != DEFAULT_INDUCING),
+             "hidden_dim": ("--hidden-dim", args.hidden_dim, args.hidden_dim is not None)}
+    unused = [option for size, (option, _, given) in sizes.items()
+              if given and size not in builder.sizes]
+    if unused:
+        verb = "does" if len(unused) == 1 else "do"
+        note(f"{', '.join(unused)} {verb} not apply to --model {args.model}, {builder.about}")
+    if "num_inducing" in builder.sizes and args.num_inducing > num_train:
+        note(f"--num-inducing {args.num_inducing} is more than the {num_train} training points: "
+             f"using M = {num_train} inducing points per layer")
+    cfg = {"architecture": args.model}
+    cfg.update({size: value for size, (_, value, _) in sizes.items()
+                if size in builder.sizes and value is not None})
+    cfg["seed"] = args.seed
     if args.classification:
         cfg["task"] = "classification"
     return cfg
@@ -293,7 +292,7 @@ def launched_processes() -> int:
 
 def _threads(args, model, batch_size: int, particles: int = 1) -> int | None:
     """``--threads``, else by the problem's size on CPU
-    (:func:`pyro_dgp.infer.threads.threads_for`), else as is."""
+    (:func:`pyro_dgp.train.threads.threads_for`), else as is."""
     if args.threads is not None:
         return args.threads
     if next(model.parameters()).device.type != "cpu":

@@ -6,6 +6,7 @@ import argparse
 
 from ..guides.registry import GUIDES
 from ..infer.objectives import OBJECTIVE_NAMES
+from ..train.saved import DEFAULT_MODEL, MODELS
 from .commands import DEFAULT_INDUCING, DEFAULT_LAYERS, cmd_demo, cmd_evaluate, cmd_fit, note
 from .data import DEFAULT_TEST_FRACTION, DTYPES, check_device
 
@@ -153,7 +154,7 @@ def _add_fit(sub) -> None:
     f.add_argument("--hidden-dim", type=_positive_int,
                    help="width of the inner layers (default: min(30, input dims))")
     _num_inducing_args(f)
-    f.add_argument("--model", choices=["dsvi", "avdgp"], default="dsvi",
+    f.add_argument("--model", choices=list(MODELS), default=DEFAULT_MODEL,
                    help="dsvi: layers with global inducing points (--layers, --hidden-dim, "
                         "--num-inducing); avdgp: per-point inducing points, the architecture of "
                         "Meng and Zhang 2024 (widths 16, 4; M = 8, 4, 4; Matern-5/2), for "

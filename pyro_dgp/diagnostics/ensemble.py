@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..gp.layer import GPLayer
-from ..infer.draws import check_guide_of
+from ..guides.draws import check_guide_of
 from ..prediction import MixturePredictive, predict
 from ..stacking import stacking_weights
 from ..validation import as_tensor_input, check_inputs, check_positive_int, check_targets

@@ -2,7 +2,7 @@
 
 :func:`to_datatree` draws ``S`` i.i.d. samples from a guide exactly as
 :func:`~pyro_dgp.prediction.predictive.predict` does (the guide traced once by
-:func:`~pyro_dgp.infer.draws.trace_draws`, vectorised, under ``torch.no_grad()``, seeded without
+:func:`~pyro_dgp.guides.draws.trace_draws`, vectorised, under ``torch.no_grad()``, seeded without
 touching the global random state) and stores them in ArviZ groups:
 
 ``posterior``
@@ -67,8 +67,7 @@ from pyro.poutine.util import site_is_subsample
 
 from ..errors import user_errors_first
 from ..gp.sites import function_site, layer_site
-from ..guides.protocol import protocol_of
-from ..infer.draws import (
+from ..guides.draws import (
     check_guide_of,
     function_sites,
     global_draws,
@@ -78,6 +77,7 @@ from ..infer.draws import (
     trace_draws,
     trace_model,
 )
+from ..guides.protocol import protocol_of
 from ..likelihoods.marginal import source_of
 from ..rng import seeded
 from ..validation import check_inputs, check_positive_int

@@ -7,8 +7,8 @@ import torch
 from pyro.distributions import Delta
 
 from ..gp.sites import function_site
+from ..guides.draws import check_guide_of, function_sites, set_up_guide, trace_draws, unmasked
 from ..guides.protocol import protocol_of
-from ..infer.draws import check_guide_of, function_sites, set_up_guide, trace_draws, unmasked
 from ..rng import seeded
 
 __all__ = ["layer_kl", "monte_carlo_kl", "monte_carlo_kl_draws"]
@@ -31,7 +31,7 @@ def layer_kl(
     ``p(u^l | Z^l = u^{l-1})``, so its KL is the expectation over the guide's draws of the
     layer below's ``u``.
 
-    :param trace: a guide trace of :func:`~pyro_dgp.infer.draws.trace_draws` to reuse (as
+    :param trace: a guide trace of :func:`~pyro_dgp.guides.draws.trace_draws` to reuse (as
         :func:`~pyro_dgp.diagnostics.export.to_datatree` does); else one is drawn
         (``num_samples``, from ``seed``).
     """

@@ -17,7 +17,7 @@ import numpy as np
 import xarray as xr
 
 from ..deprecation import warn_renamed
-from ..infer.draws import check_guide_of
+from ..guides.draws import check_guide_of
 from .export import to_datatree
 from .tables import whole
 

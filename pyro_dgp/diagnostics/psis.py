@@ -14,8 +14,7 @@ from pyro.distributions import Delta
 from pyro.poutine.util import site_is_subsample
 
 from ..gp.sites import function_site, inducing_site
-from ..guides.protocol import protocol_of
-from ..infer.draws import (
+from ..guides.draws import (
     check_guide_of,
     global_draws,
     observation_log_prob,
@@ -24,6 +23,7 @@ from ..infer.draws import (
     trace_model,
     unmasked,
 )
+from ..guides.protocol import protocol_of
 from ..rng import seeded
 from ..validation import check_inputs, check_positive_int
 from .compare import GuideComparisonWarning, annotate_comparison
@@ -319,7 +319,7 @@ def variational_pareto_k(model, guide, X: torch.Tensor, y: torch.Tensor, *,
 def _model_log_terms(model_trace, guide_trace, S: int) -> list[torch.Tensor]:
     """The ``(S,)`` terms of ``log p(y, theta_s)`` of the model replayed on the guide's global
     draws: the prior of every latent the guide drew (and of every layer's ``u``), and each
-    observation's ``log p(y_i | draw)`` (:func:`~pyro_dgp.infer.draws.observation_log_prob`),
+    observation's ``log p(y_i | draw)`` (:func:`~pyro_dgp.guides.draws.observation_log_prob`),
     scaled as the model scales them. The ``<layer>.f`` values the model drew itself are left
     out: ``p(f | u, f_prev)`` is also their proposal, so it cancels in the weight."""
     terms = []

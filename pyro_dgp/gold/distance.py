@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from scipy.stats import wasserstein_distance
 
-from ..infer.draws import function_sites, set_up_guide, trace_draws
+from ..guides.draws import function_sites, set_up_guide, trace_draws
 from ..prediction import MixturePredictive, predict
 from ..rng import seeded
 from ..validation import check_positive_int

@@ -130,7 +130,7 @@ def _warn_if_not_restored(guide, stored: set[str]) -> None:
         f"process, and these read theirs under their own names ({own}), so they start from "
         "their initial values and the load restores nothing: rebuild "
         f"{rebuild}, or save and restore model.state_dict() and guide.state_dict() "
-        "(pyro_dgp.infer.save_fit and load_fit do both).",
+        "(pyro_dgp.train.save_fit and load_fit do both).",
         UserWarning, stacklevel=3)
 
 

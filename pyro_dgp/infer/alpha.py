@@ -30,10 +30,10 @@ from pyro.distributions.util import scale_and_mask
 from pyro.infer.util import is_validation_enabled
 
 from ..deprecation import renamed_keywords
+from ..guides.draws import unmasked
 from ..guides.protocol import protocol_of
 from ..likelihoods import AnalyticObservation
 from ..validation import check_positive_int
-from .draws import unmasked
 from .elbo import AnalyticKL_ELBO, LossFromDifferentiable, log_prob_sum, plated_traces
 
 __all__ = ["ALPHA_PLATE", "LocalAlpha"]

@@ -26,11 +26,11 @@ from pyro.poutine.messenger import Messenger
 from torch.distributions import kl_divergence
 
 from ..gp.sites import function_site, inducing_site
+from ..guides.draws import unmasked
 from ..guides.families.amortized import PATH_PLATE
 from ..guides.protocol import protocol_of
 from ..likelihoods import AnalyticObservation
 from ..validation import check_positive_finite, check_positive_int
-from .draws import unmasked
 from .elbo import AnalyticKL_ELBO, LossFromDifferentiable, plated_traces
 
 __all__ = ["AmortizedELBO"]

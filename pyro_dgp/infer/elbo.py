@@ -126,7 +126,7 @@ class ReparamTrace_ELBO(Trace_ELBO):  # noqa: N801 (Pyro's naming of ELBO classe
 
     Pyro's sums the ELBO's value as Python floats (one ``.item()`` per site) and checks the
     loss for NaN: each makes the host wait for the GPU, and a step that waits cannot be
-    recorded as a CUDA graph (:mod:`pyro_dgp.infer.cuda_graph`). Where every guide site is
+    recorded as a CUDA graph (:mod:`pyro_dgp.train.cuda_graph`). Where every guide site is
     reparametrised (score-function terms zero) Pyro's surrogate objective is the ELBO itself,
     so here the loss is ``-(sum log p - sum log q)`` as one tensor: the same value (summed
     in the tensors' dtype) and gradient. A particle with a site that is not reparametrised

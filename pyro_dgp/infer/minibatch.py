@@ -20,8 +20,8 @@ import warnings
 
 import torch
 
+from ..guides.draws import observation_sites, trace_draws_and_model
 from ..rng import seeded
-from .draws import observation_sites, trace_draws_and_model
 
 __all__ = ["FULL_SIZE_PLATE", "MinibatchScaleWarning", "check_minibatch_scale",
            "misscaled_observations"]

@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import user_errors_first
-from ..guides.protocol import protocol_of, shared_draws
-from ..infer.draws import (
+from ..guides.draws import (
     check_guide_of,
     function_sites,
     observation_sites,
@@ -21,6 +20,7 @@ from ..infer.draws import (
     trace_draws_and_model,
     unmasked,
 )
+from ..guides.protocol import protocol_of, shared_draws
 from ..likelihoods import AnalyticObservation
 from ..likelihoods.marginal import source_of
 from ..rng import seeded

@@ -9,9 +9,8 @@ from collections.abc import Iterator
 import torch
 
 from ..datasets.stream import RowStream
-from ..infer.batches import model_dtype_device
-from ..infer.distributed import step_seed
-from ..validation import check_positive_int
+from ..rng import step_seed
+from ..validation import check_positive_int, model_dtype_device
 from . import metrics
 from .mixture import MixturePredictive
 from .predictive import predict

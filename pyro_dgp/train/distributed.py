@@ -55,17 +55,16 @@ import io
 import os
 from collections.abc import Callable, Iterable
 
-import numpy as np
 import pyro
 import torch
 import torch.distributed as torch_dist
 from pyro.infer import RenyiELBO
 
-from ..rng import MAX_SEED
+from ..rng import MAX_SEED, step_seed
 from .agreement import RESUME, Agreement, PeerFailedError
 
 __all__ = ["DataParallel", "PeerFailedError", "backend_for", "check_objective", "for_fit", "init",
-           "shutdown", "step_seed"]
+           "shutdown"]
 
 #: seconds a collective waits for the other processes before it fails
 DEFAULT_TIMEOUT = 300.0
@@ -163,11 +162,6 @@ def shutdown() -> None:
         torch_dist.destroy_process_group()
 
 
-def step_seed(seed: int, step: int, rank: int) -> int:
-    """The seed of process ``rank``'s draws at ``step`` of a run seeded ``seed``: a hash of
-    the three (NumPy's ``SeedSequence``), below ``2**32``."""
-    return int(np.random.SeedSequence([seed % 2**63, step, rank]).generate_state(1)[0])
-
 
 class DataParallel(Agreement):
     """This process's part in a data-parallel run over the default process group.
@@ -177,7 +171,7 @@ class DataParallel(Agreement):
 
     def __init__(self, timeout: float = DEFAULT_TIMEOUT):
         if not torch_dist.is_initialized():
-            raise RuntimeError("no process group: call pyro_dgp.infer.distributed.init() first")
+            raise RuntimeError("no process group: call pyro_dgp.train.distributed.init() first")
         # the device of the collectives' buffers: NCCL reduces CUDA tensors only
         device = (torch.device("cuda", torch.cuda.current_device())
                   if torch_dist.get_backend() == "nccl" else torch.device("cpu"))

@@ -4,13 +4,13 @@
 binary likelihood may be integer or boolean: read in ``X``'s dtype); NumPy arrays in memory are
 taken as tensors of their own dtype on the model's device (float64 stays float64); a memory
 map, ``.npy`` paths or a torch dataset are read row by row, ``y`` omitted
-(:mod:`pyro_dgp.infer.batches`). A ``batch_size`` above ``N`` is warned (training is
+(:mod:`pyro_dgp.train.batches`). A ``batch_size`` above ``N`` is warned (training is
 full-batch). The likelihood must be scaled by ``N / B``: a :class:`~pyro_dgp.DeepGP` does it
 through its ``num_data``, a hand-written model through its data plate
 (:mod:`pyro_dgp.infer.minibatch`; a model that does not is warned about).
 
 **Learning rate.** ``lr_schedule`` shapes the rate from ``lr`` at the first step to
-``lr * lr_decay`` at the last (:func:`~pyro_dgp.infer.optim.lr_factor`): ``"cosine"``,
+``lr * lr_decay`` at the last (:func:`~pyro_dgp.train.optim.lr_factor`): ``"cosine"``,
 ``"exponential"`` (``lr * lr_decay ** (t / (num_steps - 1))``), ``"constant"``, or a function
 ``(step, num_steps) -> factor`` of ``lr``. The default is a cosine decay to a tenth of ``lr``:
 at a constant rate Adam's steps keep the size ``lr`` to the end, and a fit near its optimum is
@@ -27,19 +27,19 @@ of the final ELBO and of the validation loss), so it goes on as the run that wro
 **Watching a run.** ``progress=True`` draws a bar when stderr is a terminal and otherwise
 prints a line every tenth of the run (a log file or a notebook gets no bar's redraws);
 ``progress=k`` a line every ``k`` steps. ``callbacks`` are called after every
-``callback_every`` steps (and the last) with a :class:`~pyro_dgp.infer.monitor.StepInfo`
+``callback_every`` steps (and the last) with a :class:`~pyro_dgp.train.monitor.StepInfo`
 (the step, its loss, the smoothed loss, the rate, the latest validation loss, the model and
 guide); one that returns a true value stops the run there (``FitResult.stop_reason`` names
 it; its checkpoint resumes from there). ``validation=(X_val, y_val)`` evaluates, every
 ``validate_every`` steps (default: 50 times a run) and at the end, the training objective per
-point on the validation data (:func:`~pyro_dgp.infer.monitor.validation_loss`: the held-out
+point on the validation data (:func:`~pyro_dgp.train.monitor.validation_loss`: the held-out
 expected negative log-likelihood plus ``KL / N``, from the same 8 draws each time), or
 ``validation=(model, guide) -> loss`` any score (lower is better; e.g. the predictive's NLL
 ``lambda m, g: -predict(m, g, X_val).log_prob(y_val).mean().item()``). After ``patience``
 evaluations without a lower one the run stops (``None``: it runs on); either way the model and
 guide end with the parameters of the best evaluation (``FitResult.best_step``,
-``validation``, ``stopped_at``). A :class:`~pyro_dgp.infer.monitor.TrainingInstabilityWarning`
-says when the smoothed loss has risen far above its best (:mod:`pyro_dgp.infer.monitor`).
+``validation``, ``stopped_at``). A :class:`~pyro_dgp.train.monitor.TrainingInstabilityWarning`
+says when the smoothed loss has risen far above its best (:mod:`pyro_dgp.train.monitor`).
 
 **Other settings.** ``final_elbo_particles``: draws of ``FitResult.final_elbo``, from their
 own seeded stream (the global random state stays as training left it). ``natural_gradient``:
@@ -47,10 +47,10 @@ own seeded stream (the global random state stays as training left it). ``natural
 (:func:`~pyro_dgp.infer.natgrad.warmup_gamma`) of natural-gradient steps on the guide's
 Gaussian ``q(u)``; the optimiser trains the rest, and a resumed run resumes the schedule.
 ``threads``: torch's intra-op threads during the fit, restored after (``None``: on CPU by the
-problem's size, :func:`~pyro_dgp.infer.threads.threads_for`). ``distributed``: data-parallel
-over torchrun's processes (:mod:`pyro_dgp.infer.distributed`; without validation or
+problem's size, :func:`~pyro_dgp.train.threads.threads_for`). ``distributed``: data-parallel
+over torchrun's processes (:mod:`pyro_dgp.train.distributed`; without validation or
 callbacks). ``cuda_graph``: each step after the first replayed from a CUDA graph of the
-objective and its gradient (:mod:`pyro_dgp.infer.cuda_graph` says what it needs).
+objective and its gradient (:mod:`pyro_dgp.train.cuda_graph` says what it needs).
 """
 
 from __future__ import annotations
@@ -64,11 +64,15 @@ import pyro
 import torch
 
 from ..errors import user_errors_first
-from .batches import Batches, model_dtype_device
+from ..guides.draws import check_guide_of
+from ..infer.minibatch import check_minibatch_scale
+from ..infer.natgrad import NaturalGradient
+from ..infer.objectives import make_objective
+from ..validation import model_dtype_device
+from .batches import Batches
 from .chunked import fit_elbo
 from .cuda_graph import check_graph_options
 from .distributed import DataParallel, check_objective, for_fit
-from .draws import check_guide_of
 from .fit_arguments import (
     check_arguments,
     check_options,
@@ -76,7 +80,6 @@ from .fit_arguments import (
     check_validation_scale,
     check_watchers,
 )
-from .minibatch import check_minibatch_scale
 from .monitor import (
     EarlyStopping,
     StepInfo,
@@ -84,8 +87,6 @@ from .monitor import (
     Watchers,
     validation_loss,
 )
-from .natgrad import NaturalGradient
-from .objectives import make_objective
 from .optim import make_optimizer, parameters_of, resolve_lr_schedule, warn_if_taken_from_store
 from .result import FitResult, TrainingDivergedError
 from .threads import num_threads, step_work, threads_for
@@ -127,7 +128,7 @@ def fit(
     :param validation: ``(X_val, y_val)`` or ``(model, guide) -> loss``: early stopping after
         ``patience`` evaluations (every ``validate_every`` steps) without a better one, the
         best parameters restored. :param callbacks: functions of a
-        :class:`~pyro_dgp.infer.monitor.StepInfo`, every ``callback_every`` steps; a true
+        :class:`~pyro_dgp.train.monitor.StepInfo`, every ``callback_every`` steps; a true
         return value stops the run.
     :param final_elbo_particles: draws of ``FitResult.final_elbo`` (0: not evaluated).
     :param natural_gradient: ``None``, or the step size ``gamma`` (or a schedule) of
@@ -161,7 +162,7 @@ def fit(
 
 def _watchers(model, guide, elbo, batches: Batches, seed, progress, validation, patience,
               validate_every, callbacks, callback_every) -> Watchers:
-    """What the run calls besides its steps (:class:`~pyro_dgp.infer.monitor.Watchers`)."""
+    """What the run calls besides its steps (:class:`~pyro_dgp.train.monitor.Watchers`)."""
     stopping = None
     if validation is not None:
         if callable(validation):

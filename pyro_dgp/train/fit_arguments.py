@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ..datasets.stream import RowStream, as_stream
+from ..infer.minibatch import FULL_SIZE_PLATE, misscaled_observations
 from ..rng import MAX_SEED
 from ..validation import (
     as_tensor_input,
@@ -18,9 +19,9 @@ from ..validation import (
     check_positive_int,
     check_targets,
     labels_like,
+    model_dtype_device,
 )
-from .batches import check_stream, model_dtype_device
-from .minibatch import FULL_SIZE_PLATE, misscaled_observations
+from .batches import check_stream
 from .monitor import VALIDATION_CHUNK_ROWS
 from .objectives import objective_and_particles
 

@@ -23,10 +23,10 @@ from pyro.poutine.trace_struct import Trace
 from pyro.poutine.util import site_is_subsample
 
 from ..gp.sites import function_site, layer_site
-from ..guides.protocol import protocol_of, sample_paths, shared_draws
 from ..likelihoods import AnalyticObservation
 from ..rng import seeded
 from ..validation import pyro_name
+from .protocol import protocol_of, sample_paths, shared_draws
 
 __all__ = [
     "check_guide_of",

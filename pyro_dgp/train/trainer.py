@@ -1,5 +1,6 @@
-"""The loop of :func:`~pyro_dgp.fit`: its steps, the guard against divergence, checkpoints and
-resume, the steps replayed from a CUDA graph, and what a fit returns."""
+"""The loop of :func:`~pyro_dgp.fit`: its steps (composed of the step strategies of
+:mod:`pyro_dgp.train.steps`), the guard against divergence, checkpoints and resume, the
+fallback from a CUDA graph, and what a fit returns."""
 
 from __future__ import annotations
 
@@ -13,17 +14,18 @@ import pyro
 import torch
 from pyro.infer.util import is_validation_enabled
 
+from ..infer.alpha import LocalAlpha
+from ..infer.natgrad import NaturalGradient, NaturalStepError
 from ..linalg import CholeskyError
-from .alpha import LocalAlpha
 from .batches import Batches
 from .checkpoint import atomic_save, read_checkpoint, rng_state, set_rng_state
-from .cuda_graph import GraphedSteps, side_stream
+from .cuda_graph import side_stream
 from .distributed import DataParallel, PeerFailedError
 from .monitor import LossMonitor, StepInfo, Watchers
-from .natgrad import NaturalGradient, NaturalStepError
 from .optim import LRSchedule, drop_non_finite_moments
 from .progress import Progress
 from .result import FitResult, TrainingDivergedError
+from .steps import DataParallelStep, GraphedStep, gradient_step
 
 __all__ = ["Trainer", "resume_state"]
 
@@ -63,13 +65,17 @@ class Trainer:
         self.start, self.seconds_before, self.t0 = 0, 0.0, time.perf_counter()
         self.last_good = None
         self.natural = natural
-        # data-parallel: this process's part (infer/distributed.py); only process 0 writes
+        # data-parallel: this process's part (train/distributed.py); only process 0 writes
         self.parallel, self.seed = parallel, seed
         self.writer = parallel is None or parallel.writer
-        # the step recorded as a CUDA graph after the first (validated, eager) step
-        self.graph = GraphedSteps(
-            lambda *a: self.elbo.differentiable_loss(self.model, self.guide, *a),
-            self.params) if cuda_graph else None
+        # the step strategies (train/steps.py): the loss and gradients of each eager step,
+        # the all-reduce of a data-parallel run, and the step recorded as a CUDA graph after
+        # the first (validated, eager) step
+        self.gradients = gradient_step(elbo, model, guide, natural, parallel,
+                                       lambda: batches.share)
+        self.data_parallel = (None if parallel is None else
+                              DataParallelStep(parallel, params, seed))
+        self.graph = GraphedStep.of(elbo, model, guide, params) if cuda_graph else None
         self.replayed_update = False  # whether the latest update came from a replay
 
     def progress_label(self, loss_per_point: float) -> dict[str, str]:
@@ -187,18 +193,7 @@ class Trainer:
         # change between steps, X and y were checked, and a NaN loss is caught by the caller.
         try:
             with pyro.validation_enabled(is_validation_enabled() and step == self.start):
-                if self.natural is not None:
-                    return self.natural.loss_and_grads(
-                        lambda: self.elbo.differentiable_loss(self.model, self.guide, *args)), None
-                if self.parallel is not None or hasattr(self.elbo, "differentiable_loss"):
-                    # this process's part of the global objective (infer/distributed.py):
-                    # its loss weighted B_r / B (1 in one process), so that the KL adds up
-                    # to once
-                    loss_t = self.batches.share * self.elbo.differentiable_loss(
-                        self.model, self.guide, *args)
-                    loss_t.backward()
-                    return float(loss_t.detach()), None
-                return float(self.elbo.loss_and_grads(self.model, self.guide, *args)), None
+                return self.gradients.step(args), None
         except CholeskyError as err:
             if step == self.start and self.parallel is None:
                 raise  # the starting parameters themselves: not a divergence
@@ -207,9 +202,9 @@ class Trainer:
             return math.nan, err
 
     def graphed_loss_and_grads(self, step: int, args) -> tuple[float, Exception | None]:
-        """:meth:`loss_and_grads` replayed from the CUDA graph (:class:`GraphedSteps`)."""
+        """:meth:`loss_and_grads` replayed from the CUDA graph (:class:`GraphedStep`)."""
         try:
-            loss = self.graph(args)
+            loss = self.graph.step(args)
         except CholeskyError as err:  # in the eager run of a step whose replay was not finite
             return math.nan, err
         if loss is None:  # the step cannot be recorded: eager from here (warned)
@@ -262,26 +257,17 @@ class Trainer:
                 loss, failure = self.leave_graph(step, args)
         else:
             self.opt.zero_grad()
-            if self.parallel is not None:
-                self.parallel.step = step
-                self.parallel.seed_step(self.seed, step)
+            if self.data_parallel is not None:
+                self.data_parallel.seed_draws(step)
             loss, failure = self.loss_and_grads(step, args)
         return loss, failure
 
     def step(self, step: int, step_rng) -> float:
-        if self.parallel is None:
+        if self.data_parallel is None:
             loss, failure = self.local_step(step)
         else:
-            # an error in this process's part goes to the all-reduce, which every process
-            # reaches: all of them stop there, told which process failed and why
-            error = None
-            try:
-                loss, failure = self.local_step(step)
-            except Exception as err:  # noqa: BLE001 (reported to every process)
-                loss, failure, error = math.nan, None, err
-            loss = self.parallel.all_reduce(self.params, loss, error)
-            if failure is not None and step == self.start:
-                raise failure  # the starting parameters themselves: not a divergence
+            loss, failure = self.data_parallel.step(lambda: self.local_step(step),
+                                                    first=step == self.start)
         if not math.isfinite(loss):
             raise self.diverged(step, loss, failure, step_rng) from failure
         with torch.no_grad():

@@ -7,7 +7,7 @@ the chunks (of every process)::
 
     sum_c (n_c / N) ELBO_c = sum_i E_i - KL sum_c n_c / N = ELBO,
 
-the KL counted once, as in :mod:`pyro_dgp.infer.distributed`. Each of the ``P`` particles is
+the KL counted once, as in :mod:`pyro_dgp.train.distributed`. Each of the ``P`` particles is
 one such sum, so the particles are independent estimates and their spread gives the standard
 error as :func:`~pyro_dgp.evaluate_elbo` does.
 """
@@ -17,10 +17,9 @@ from __future__ import annotations
 import torch
 
 from ..datasets.stream import RowStream
-from ..rng import seeded
+from ..infer.objectives import ELBOEstimate, evaluate_elbo, make_objective
+from ..rng import seeded, step_seed
 from ..validation import check_positive_int
-from .distributed import step_seed
-from .objectives import ELBOEstimate, evaluate_elbo, make_objective
 
 __all__ = ["chunked_elbo", "fit_elbo"]
 
@@ -50,7 +49,7 @@ def chunked_elbo(model, guide, data, num_particles: int = 8, objective="auto", s
     :param data: ``(X (N, D), y (N,))`` tensors or a
         :class:`~pyro_dgp.datasets.stream.RowStream` (rows converted to ``dtype`` on
         ``device``, default float64 on the CPU).
-    :param parallel: a :class:`~pyro_dgp.infer.distributed.DataParallel`: each process reads
+    :param parallel: a :class:`~pyro_dgp.train.distributed.DataParallel`: each process reads
         its contiguous share of the rows (a stream read in order: its own rows) and the sums
         are added over the processes; every process gets the estimate.
     :param seed: the draws of chunk ``c`` of process ``r`` come from ``(seed, r, c)``; the
@@ -85,7 +84,7 @@ def chunked_elbo(model, guide, data, num_particles: int = 8, objective="auto", s
 def fit_elbo(model, guide, batches, num_particles: int, seed: int,
              parallel=None) -> ELBOEstimate:
     """The ELBO at the end of :func:`~pyro_dgp.fit` on its data (``batches``, a
-    :class:`~pyro_dgp.infer.batches.Batches`): :func:`~pyro_dgp.evaluate_elbo` on tensors in one
+    :class:`~pyro_dgp.train.batches.Batches`): :func:`~pyro_dgp.evaluate_elbo` on tensors in one
     process, else :func:`chunked_elbo`, each process over its share."""
     if batches.stream is None and parallel is None:
         return evaluate_elbo(model, guide, batches.X, batches.y, num_particles, "auto",

@@ -229,7 +229,7 @@ class Watchers:
     """What a run calls besides its steps: ``callbacks`` (each ``StepInfo -> bool | None``,
     every ``callback_every`` steps and at the last; a true value stops the run),
     ``early_stopping`` (or ``None``), the ``progress`` setting
-    (:class:`~pyro_dgp.infer.progress.Progress`)."""
+    (:class:`~pyro_dgp.train.progress.Progress`)."""
 
     callbacks: list = field(default_factory=list)
     callback_every: int = 1

@@ -14,7 +14,7 @@ contiguous part ``[lo, hi)`` of ``B_r = hi - lo`` rows (all of it in one process
 - a stream read in order (an iterable dataset): this process's next ``B_r`` items.
 
 Either way the global batch is a uniform draw, so ``(N / B) sum_i l_i`` is an unbiased
-estimate of the data term of the objective (:mod:`pyro_dgp.infer.distributed` for how the
+estimate of the data term of the objective (:mod:`pyro_dgp.train.distributed` for how the
 processes' parts add up to it).
 """
 
@@ -24,7 +24,7 @@ import torch
 
 from ..datasets.stream import RowStream
 
-__all__ = ["Batches", "check_stream", "model_dtype_device"]
+__all__ = ["Batches", "check_stream"]
 
 
 def check_stream(model, stream: RowStream) -> int:
@@ -35,14 +35,6 @@ def check_stream(model, stream: RowStream) -> int:
                          f"takes {input_dim}")
     return stream.num_data
 
-
-def model_dtype_device(model) -> tuple[torch.dtype, torch.device]:
-    """The dtype and device of a model's parameters (a stream's rows are converted to
-    them); the default dtype on the CPU for a model without parameters."""
-    p = next(iter(model.parameters()), None)
-    if p is None:
-        return torch.get_default_dtype(), torch.device("cpu")
-    return p.dtype, p.device
 
 
 class Batches:

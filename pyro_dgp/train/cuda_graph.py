@@ -173,9 +173,9 @@ class GraphedSteps:
                 try:
                     self.graphed = GraphedLoss(self.loss_fn, self.params, args)
                 except GraphCaptureError as err:
-                    # stacklevel: the user's call of fit
+                    # stacklevel: the user's call of fit (through GraphedStep.step)
                     warnings.warn(f"{err}; training goes on without it", UserWarning,
-                                  stacklevel=7)
+                                  stacklevel=8)
                     return None
             device = self.params[0].device
             if self.graphed.fits(*args):

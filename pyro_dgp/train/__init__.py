@@ -1,0 +1,19 @@
+"""The training engine: ``fit`` (its arguments, loop, batches, optimiser, monitors,
+checkpoints, CUDA graphs and data-parallel steps) and saved fits.
+
+The objectives it optimises are in :mod:`pyro_dgp.infer`; this package sits above them.
+"""
+
+from .saved import load_fit, register_model, save_fit
+from .training import FitResult, StepInfo, TrainingDivergedError, TrainingInstabilityWarning, fit
+
+__all__ = [
+    "FitResult",
+    "StepInfo",
+    "TrainingDivergedError",
+    "TrainingInstabilityWarning",
+    "fit",
+    "load_fit",
+    "register_model",
+    "save_fit",
+]
