@@ -11,6 +11,7 @@ import torch
 
 from ..datasets.stream import RowStream, as_stream
 from ..infer.minibatch import FULL_SIZE_PLATE, misscaled_observations
+from ..infer.objectives import objective_and_particles
 from ..rng import MAX_SEED
 from ..validation import (
     as_tensor_input,
@@ -23,7 +24,6 @@ from ..validation import (
 )
 from .batches import check_stream
 from .monitor import VALIDATION_CHUNK_ROWS
-from .objectives import objective_and_particles
 
 __all__ = ["VALIDATIONS_PER_RUN", "check_arguments", "check_options", "check_progress",
            "check_validation_scale", "check_watchers", "validation_data"]
