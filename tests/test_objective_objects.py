@@ -11,12 +11,12 @@ from pyro_dgp.infer import AnalyticKL_ELBO, LocalAlpha, RenyiELBO, ReparamTrace_
 DT = torch.float64
 
 SHORTHANDS = [
-    ("meanfield", {}, lambda: AnalyticKL_ELBO(num_particles=1, max_plate_nesting=1)),
+    ("analytic-kl", {}, lambda: AnalyticKL_ELBO(num_particles=1, max_plate_nesting=1)),
     ("elbo", {}, lambda: ReparamTrace_ELBO(num_particles=1, max_plate_nesting=1)),
     ("elbo", {"num_particles": 2}, lambda: ReparamTrace_ELBO(
         num_particles=2, vectorize_particles=True, max_plate_nesting=1)),
     ("renyi", {}, lambda: RenyiELBO(alpha=0.5, num_particles=2, max_plate_nesting=1)),
-    ("alpha", {"alpha": 1.0, "num_samples": 3}, lambda: LocalAlpha(alpha=1.0, num_samples=3)),
+    ("alpha", {"alpha": 1.0, "num_particles": 3}, lambda: LocalAlpha(alpha=1.0, num_particles=3)),
 ]
 
 
@@ -32,7 +32,7 @@ def _losses(objective, collapsed=True, **kwargs):
 
 
 @pytest.mark.parametrize("name, kwargs, instance", SHORTHANDS,
-                         ids=["meanfield", "elbo", "elbo-2", "renyi", "alpha"])
+                         ids=["analytic-kl", "elbo", "elbo-2", "renyi", "alpha"])
 def test_an_objective_and_its_shorthand_train_the_same(name, kwargs, instance):
     collapsed = name != "renyi"  # Renyi's bound needs per-draw weights: f drawn given u
     by_name = _losses(name, collapsed, **kwargs)

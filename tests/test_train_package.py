@@ -13,7 +13,7 @@ MOVED = ["FitResult", "StepInfo", "TrainingDivergedError", "TrainingInstabilityW
 
 @pytest.mark.parametrize("name", MOVED)
 def test_an_engine_name_of_infer_warns_and_is_trains(name):
-    moved = rf"pyro_dgp\.infer\.{name} has moved.*pyro_dgp\.train"
+    moved = rf"pyro_dgp\.infer\.{name} is deprecated.*use pyro_dgp\.train\.{name}"
     with pytest.warns(DeprecationWarning, match=moved):
         found = getattr(pyro_dgp.infer, name)
     assert found is getattr(pyro_dgp.train, name)

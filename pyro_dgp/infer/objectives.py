@@ -90,12 +90,7 @@ def make_objective(objective, guide, num_particles: int | None = None,
     (:mod:`pyro_dgp.infer.mixture`, ``num_particles`` draws of each component), and
     ``"auto"`` is ``"stratified"`` for it.
 
-    Each name is a shorthand for an instance, the same one the name builds: with ``P =
-    num_particles``, ``"elbo"`` is ``ReparamTrace_ELBO(num_particles=P,
-    vectorize_particles=P > 1, max_plate_nesting=1)``, ``"analytic-kl"`` the same settings of
-    ``AnalyticKL_ELBO``, ``"renyi"`` ``RenyiELBO(alpha=0.5, num_particles=max(P, 2), ...)``,
-    ``"alpha"`` ``LocalAlpha(alpha, num_particles)``, ``"stratified"``
-    ``StratifiedELBO(num_particles=P)`` and ``"siwae"`` ``SIWAE(num_particles=P)``; ``fit``
+    Each name is a shorthand for the instance it builds (``_OBJECTIVES`` below); ``fit``
     trains the same with either.
 
     :param num_particles: draws of the guide per evaluation (Pyro's word): of each point's
