@@ -68,6 +68,15 @@ def _layer_means(X: torch.Tensor, dims: list[int], inner_mean: str) -> list:
     return [*means, "zero"]
 
 
+def _offsets(M: int, d_in: int, offset_scale: float | None, lengthscale: float,
+             gen: torch.Generator, dtype) -> torch.Tensor:
+    """``(M, d_in)`` offsets ``b_m``: standard normal (``offset_scale=None``), else normal
+    with standard deviation ``offset_scale * lengthscale / sqrt(d_in)`` per coordinate, so
+    that ``|b_m|`` is about ``offset_scale`` lengthscales whatever ``d_in``."""
+    b = torch.randn(M, d_in, generator=gen, dtype=dtype)
+    return b if offset_scale is None else b * (offset_scale * lengthscale / d_in ** 0.5)
+
+
 def avdgp_regression(
     X: torch.Tensor, y: torch.Tensor, *,
     hidden_dims: Sequence[int] = PAPER_HIDDEN_DIMS,
@@ -80,6 +89,7 @@ def avdgp_regression(
     lengthscale: float = LN2,
     kl_weight: str = "1/N",
     inner_mean: str = "zero",
+    offset_scale: float | None = None,
     jitter: float | None = None,
     seed: int = 0,
     name: str | None = None,
@@ -120,7 +130,7 @@ def avdgp_regression(
         layers = [
             AmortizedGPLayer(
                 d_in, d_out,
-                inducing_offsets=torch.randn(M, d_in, generator=gen, dtype=X.dtype),
+                inducing_offsets=_offsets(M, d_in, offset_scale, lengthscale, gen, X.dtype),
                 kernel=KERNELS[kernel](d_in, variance=kernel_variance, lengthscale=lengthscale,
                                        ard=checked["ard"]),
                 mean=means[i], jitter=jitter, name=f"layer{i + 1}", kl_weight=kl_weight)
