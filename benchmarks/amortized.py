@@ -57,9 +57,11 @@ from pyro_dgp.prediction.metrics import crps, nll, rmse
 from pyro_dgp.train.checkpoint import atomic_save, rng_state, safe_load, set_rng_state
 
 METHODS = ("dsdgp", "ar1", "ar2", "ar2p", "ar2pp")
-DATASETS = {"kin8nm": "kin8nm", "power": "power-plant", "protein": "protein-tertiary-structure"}
+DATASETS = {"energy": "energy", "kin8nm": "kin8nm", "power": "power-plant",
+            "protein": "protein-tertiary-structure"}
 _RUN_KEYS = ("epochs", "batch", "lr", "paths", "test_samples", "dsdgp_particles", "widths",
-             "avdgp_inducing", "dsdgp_inducing", "kl_weight", "seed", "device", "dtype")
+             "avdgp_inducing", "dsdgp_inducing", "kl_weight", "offset_scale", "inner_scale",
+             "seed", "device", "dtype")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,6 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dsdgp-inducing", type=int, nargs="+", default=[256, 128, 128])
     p.add_argument("--kl-weight", choices=["one", "1/N"], default="1/N",
                    help="AVDGP's per-point KL weight (1/N: Meng and Zhang 2024, App. A)")
+    p.add_argument("--offset-scale", type=float, default=None,
+                   help="AVDGP's offsets b: about this many lengthscales from each input "
+                   "(avdgp_regression's offset_scale; default: its default); 0: standard "
+                   "normal offsets (Meng and Zhang 2024)")
+    p.add_argument("--inner-scale", type=float, default=None,
+                   help="AVDGP's initial scale of the inner layers' q(u_n) (Amortized's "
+                   "inner_scale; default: its default)")
     p.add_argument("--speed-sizes", type=int, nargs="*", default=[100_000, 1_000_000],
                    help="synthetic N for AVDGP's (AR2P) time per epoch; none: skip")
     p.add_argument("--speed-epochs", type=int, default=1, help="epochs timed per size")
@@ -129,9 +138,11 @@ def build(method: str, X, y, args, seed: int):
         guide = MeanField(model)
         objective = make_objective("analytic-kl", guide, num_particles=args.dsdgp_particles)
         return model, guide, objective, args.test_samples
+    offsets = {} if args.offset_scale is None else {"offset_scale": args.offset_scale or None}
+    scale = {} if args.inner_scale is None else {"inner_scale": args.inner_scale}
     model = avdgp_regression(X, y, hidden_dims=args.widths, num_inducing=args.avdgp_inducing,
-                             kl_weight=args.kl_weight, seed=seed)
-    guide = Amortized(model, rule=method.upper(), num_paths=args.paths)
+                             kl_weight=args.kl_weight, seed=seed, **offsets)
+    guide = Amortized(model, rule=method.upper(), num_paths=args.paths, **scale)
     return model, guide, AmortizedELBO(), args.test_samples
 
 
@@ -254,6 +265,7 @@ def _settings(args) -> dict:
             "dsdgp_particles": args.dsdgp_particles, "widths": list(args.widths),
             "avdgp_inducing": list(args.avdgp_inducing),
             "dsdgp_inducing": list(args.dsdgp_inducing), "kl_weight": args.kl_weight,
+            "offset_scale": args.offset_scale, "inner_scale": args.inner_scale,
             "seed": args.seed, "device": args.device, "dtype": args.dtype}
 
 
@@ -304,7 +316,8 @@ def record_summary(args, runs: list[dict]) -> None:
 
 def _table_settings(args) -> dict:
     return {"epochs": args.epochs, "batch": args.batch_size, "paths": args.paths,
-            "device": args.device, "dtype": args.dtype, "kl_weight": args.kl_weight}
+            "device": args.device, "dtype": args.dtype, "kl_weight": args.kl_weight,
+            "offset_scale": args.offset_scale, "inner_scale": args.inner_scale}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from ..likelihoods import Likelihood
-from ..validation import check_positive_int
+from ..validation import check_positive_finite, check_positive_int
 from .amortized import AmortizedGPLayer
 from .architectures import (
     KERNELS,
@@ -68,6 +68,15 @@ def _layer_means(X: torch.Tensor, dims: list[int], inner_mean: str) -> list:
     return [*means, "zero"]
 
 
+def _offsets(M: int, d_in: int, offset_scale: float | None, lengthscale: float,
+             gen: torch.Generator, dtype) -> torch.Tensor:
+    """``(M, d_in)`` offsets ``b_m``: standard normal (``offset_scale=None``), else normal
+    with standard deviation ``offset_scale * lengthscale / sqrt(d_in)`` per coordinate, so
+    that ``|b_m|`` is about ``offset_scale`` lengthscales whatever ``d_in``."""
+    b = torch.randn(M, d_in, generator=gen, dtype=dtype)
+    return b if offset_scale is None else b * (offset_scale * lengthscale / d_in ** 0.5)
+
+
 def avdgp_regression(
     X: torch.Tensor, y: torch.Tensor, *,
     hidden_dims: Sequence[int] = PAPER_HIDDEN_DIMS,
@@ -75,32 +84,29 @@ def avdgp_regression(
     kernel: str = "matern52",
     ard: bool = False,
     likelihood: str | Likelihood = "gaussian",
-    noise_variance: float = LN2,
-    kernel_variance: float = LN2,
-    lengthscale: float = LN2,
+    noise_variance: float = LN2, kernel_variance: float = LN2, lengthscale: float = LN2,
     kl_weight: str = "1/N",
     inner_mean: str = "zero",
-    jitter: float | None = None,
-    seed: int = 0,
-    name: str | None = None,
+    offset_scale: float | None = None,
+    jitter: float | None = None, seed: int = 0, name: str | None = None,
 ) -> DeepGP:
-    """A :class:`~pyro_dgp.DeepGP` of amortized layers (module docstring), built on ``X``'s
-    device and dtype.
+    """A :class:`~pyro_dgp.DeepGP` of amortized layers (module docstring), on ``X``'s device
+    and dtype.
 
     :param X: ``(N, D)`` training inputs (standardised); :param y: ``(N,)`` targets.
     :param hidden_dims: the inner layers' widths (``()``: one layer).
     :param num_inducing: ``M`` of every layer, or one per layer.
-    :param kernel: a name of :data:`~pyro_dgp.gp.architectures.KERNELS`; ``ard``: one
-        lengthscale per input dimension instead of one per kernel.
+    :param kernel: a name of :data:`~pyro_dgp.gp.architectures.KERNELS`; ``ard``: a lengthscale
+        per input dimension.
     :param likelihood: ``"gaussian"``, ``"studentt"``, ``"probit"`` or an instance.
-    :param kl_weight: ``"1/N"`` (default: the per-point KL weighted by ``1/N``, Meng and
-        Zhang 2024, App. A) or ``"one"`` (the ELBO of the model, whose optimum fits the targets
-        as noise); see :class:`AmortizedGPLayer`.
-    :param inner_mean: ``"zero"`` (default: the paper's zero mean functions, App. C.1) or
-        ``"pca"``: the inner layers get DSVI's fixed linear means (Salimbeni and Deisenroth
-        2017; Meng and Zhang 2024, §4.6, mention a learned linear mean as optional), so with
-        the guide's small inner scale they start as that linear map of their input, not as
-        noise; it fit small smooth sets better but trailed in test NLL on kin8nm.
+    :param kl_weight: ``"1/N"`` (default; Meng and Zhang 2024, App. A) or ``"one"`` (the
+        model's ELBO, whose optimum fits the targets as noise); see :class:`AmortizedGPLayer`.
+    :param inner_mean: ``"zero"`` (default, the paper's, App. C.1) or ``"pca"`` (DSVI's fixed
+        linear means, Salimbeni and Deisenroth 2017).
+    :param offset_scale: ``None`` (default: the paper's standard normal offsets ``b``, about
+        ``sqrt(D_in)`` from each input) or offsets of standard deviation ``offset_scale *
+        lengthscale / sqrt(D_in)``. Neither this nor ``"pca"`` is the default: runs in
+        ``benchmarks/results/history.md``, "The amortized guide's starting scale".
     :param seed: seed of the offsets ``b`` (the global random state is left alone).
     """
     if isinstance(hidden_dims, numbers.Integral):
@@ -113,6 +119,8 @@ def avdgp_regression(
     checked = check_regression_arguments(X, y, len(dims) - 1, hidden[0] if hidden else None,
                                          None, kernel, likelihood, noise_variance, seed,
                                          flags={"ard": ard})
+    if offset_scale is not None:
+        offset_scale = check_positive_finite(offset_scale, "avdgp_regression: offset_scale")
     gen = torch.Generator().manual_seed(checked["seed"])
     means = _layer_means(X, dims, inner_mean)
     with default_dtype(X.dtype):
@@ -120,11 +128,11 @@ def avdgp_regression(
         layers = [
             AmortizedGPLayer(
                 d_in, d_out,
-                inducing_offsets=torch.randn(M, d_in, generator=gen, dtype=X.dtype),
+                inducing_offsets=_offsets(M, d_in, offset_scale, lengthscale, gen, X.dtype),
                 kernel=KERNELS[kernel](d_in, variance=kernel_variance, lengthscale=lengthscale,
                                        ard=checked["ard"]),
                 mean=means[i], jitter=jitter, name=f"layer{i + 1}", kl_weight=kl_weight)
             for i, (d_in, d_out, M) in enumerate(zip(dims[:-1], dims[1:], Ms, strict=True))
         ]
-        model = DeepGP(layers, lik, num_data=X.shape[-2], name=name)
-    return model.to(device=X.device, dtype=X.dtype)
+    return DeepGP(layers, lik, num_data=X.shape[-2], name=name).to(device=X.device,
+                                                                   dtype=X.dtype)

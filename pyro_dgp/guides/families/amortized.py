@@ -36,7 +36,6 @@ holds the inducing inputs ``Z_n = A(P(F_n))`` that ``u_n`` was placed at (export
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -200,8 +199,13 @@ class Amortized(LayerGuide):
     :param rule: ``"AR1"``, ``"AR2"``, ``"AR2P"`` (default) or ``"AR2PP"``.
     :param num_paths: S, the paths per point of ``AmortizedELBO`` and the quadrature nodes.
     :param beta: the weight of the KL in the predictive objective of ``AR2PP``.
-    :param inner_scale: the initial scale of ``q(u_n)`` of the layers but the last (1: the
-        prior, as the last layer's).
+    :param inner_scale: the initial scale of ``q(u_n)`` of the layers but the last (default
+        1, the prior's, as the last layer's and as Meng and Zhang 2024 start the covariances,
+        App. C.1). A small one costs about ``-log(inner_scale) - 1/2`` nats per inducing
+        output and point: at DSVI's ``sqrt(1e-5)``, about 680 nats per point in
+        ``avdgp_regression``'s first layer, which collapses the inner layers to the
+        prior (the runs: ``benchmarks/results/history.md``, "The amortized guide's starting
+        scale"; records in ``benchmarks/results/amortized.jsonl``).
     """
 
     mean_field = True
@@ -210,7 +214,7 @@ class Amortized(LayerGuide):
     default_objective = "amortized"
 
     def __init__(self, model, encoder=None, rule: str = "AR2P", num_paths: int = 32,
-                 beta: float = 1.0, inner_scale: float = math.sqrt(1e-5), name=None):
+                 beta: float = 1.0, inner_scale: float = 1.0, name=None):
         super().__init__(model, name=name)
         if rule not in RULES:
             raise ValueError(f"Amortized: rule must be one of {RULES}, got {rule!r}")
