@@ -107,6 +107,11 @@ class _RecordInducing(Messenger):
         run.draws.setdefault(site.index, LayerDraw()).value = msg["value"]
 
 
+@register_guide("ssivi-discrete", "SSIVI whose mixing variable is uniform over 10 learned "
+                "points per layer: a mixture of Gaussians with an exact log q",
+                mixing="discrete")
+@register_guide("ssivi-iwhvi", "SSIVI with the importance-weighted hierarchical bound "
+                "(IWHVI): a learned reverse model per layer", bound="iwhvi")
 @register_guide("ssivi-tril", "SSIVI whose components carry correlations: covariance "
                 "T diag(sigma^2) T^T, T learned per layer", component_scale="tril")
 @register_guide("sivi", "semi-implicit over the same family with the looser SIVI bound",
