@@ -90,6 +90,19 @@ class FanInLinear(torch.nn.Linear):
         return torch.nn.functional.linear(x, self.weight / self.in_features, self.bias)
 
 
+def _body(hidden: Sequence[int], n_out: int, like: dict) -> torch.nn.Sequential:
+    """The layers after a network's first: LeakyReLU(0.2) then :class:`FanInLinear` layers
+    through the widths ``hidden`` to ``n_out`` outputs, the last with zero weight (its output
+    starts at its bias, whatever the input); ``like``: their dtype and device."""
+    body: list[torch.nn.Module] = [torch.nn.LeakyReLU(0.2)]
+    for a, b in zip(hidden[:-1], hidden[1:], strict=True):
+        body += [FanInLinear(a, b, **like), torch.nn.LeakyReLU(0.2)]
+    body.append(FanInLinear(hidden[-1], n_out, **like))
+    with torch.no_grad():
+        body[-1].weight.zero_()
+    return torch.nn.Sequential(*body)
+
+
 class MixingNetwork(PyroModule):
     """``(eps (..., noise_dim), c (..., cond_dim)) -> (loc, scale)``, each ``(..., D, M)``:
     a multilayer perceptron (LeakyReLU(0.2)) of the concatenation ``[eps; c]`` with two heads,
@@ -126,13 +139,8 @@ class MixingNetwork(PyroModule):
         self.noise_in = FanInLinear(noise_dim, hidden[0], **like)
         self.cond_in = FanInLinear(cond_dim, hidden[0], bias=False, **like) if cond_dim \
             else None
-        body: list[torch.nn.Module] = [torch.nn.LeakyReLU(0.2)]
-        for a, b in zip(hidden[:-1], hidden[1:], strict=True):
-            body += [FanInLinear(a, b, **like), torch.nn.LeakyReLU(0.2)]
-        body.append(FanInLinear(hidden[-1], 2 * n, **like))
-        self.body = torch.nn.Sequential(*body)
+        self.body = _body(hidden, 2 * n, like)
         with torch.no_grad():
-            self.body[-1].weight.zero_()
             self.body[-1].bias.copy_(torch.cat([init_loc.reshape(n),
                                                 _inverse_softplus(init_scale.reshape(n))]))
         D, M = self.shape
@@ -186,13 +194,8 @@ class ReverseNetwork(PyroModule):
         kw = {"dtype": like.dtype, "device": like.device}
         self.value_in = FanInLinear(value_dim, hidden[0], **kw)
         self.cond_in = FanInLinear(cond_dim, hidden[0], bias=False, **kw) if cond_dim else None
-        body: list[torch.nn.Module] = [torch.nn.LeakyReLU(0.2)]
-        for a, b in zip(hidden[:-1], hidden[1:], strict=True):
-            body += [FanInLinear(a, b, **kw), torch.nn.LeakyReLU(0.2)]
-        body.append(FanInLinear(hidden[-1], 2 * noise_dim, **kw))
-        self.body = torch.nn.Sequential(*body)
+        self.body = _body(hidden, 2 * noise_dim, kw)
         with torch.no_grad():
-            self.body[-1].weight.zero_()
             self.body[-1].bias.zero_()
             self.body[-1].bias[noise_dim:] = _inverse_softplus(torch.ones((), **kw))
         to_pyro_module_(self)
