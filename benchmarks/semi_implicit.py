@@ -65,9 +65,12 @@ DT = torch.float64
 #: ``ssivi-tril`` with correlated components)
 GUIDES = ("meanfield", "coupled", "chain", "sivi", "ssivi", "ssivi-tril")
 #: further choices of ``--guides``: the other options of ``SemiImplicit`` (registered names),
-#: and ``ssivi-init``, SSIVI started at a MeanField guide trained first on the same model for
-#: the same steps (``SemiImplicit(init_from=...)``; its ``s_per_step`` is SSIVI's alone)
-EXTRA_GUIDES = ("ssivi-iwhvi", "ssivi-discrete", "ssivi-init")
+#: and ``ssivi-init`` / ``ssivi-tril-init``, SSIVI (diagonal / correlated components) started
+#: at a MeanField guide trained first on the same model for the same steps
+#: (``SemiImplicit(init_from=...)``; its ``s_per_step`` is SSIVI's alone)
+EXTRA_GUIDES = ("ssivi-iwhvi", "ssivi-discrete", "ssivi-init", "ssivi-tril-init")
+#: the ``SemiImplicit`` options of the ``*-init`` guides
+_STARTED = {"ssivi-init": {}, "ssivi-tril-init": {"component_scale": "tril"}}
 #: the guides of the UCI part
 UCI_GUIDES = ("meanfield", "ssivi", "ssivi-tril")
 
@@ -159,14 +162,14 @@ def run_toy(name: str, args, progress: bool = True) -> list[tuple[dict, dict]]:
 
 
 def _make_guide(guide_name: str, model, X, y, args):
-    """The guide ``guide_name`` of ``model`` (a registered name, or ``ssivi-init``: SSIVI
-    started at a MeanField guide trained here for ``args.steps``)."""
-    if guide_name != "ssivi-init":
+    """The guide ``guide_name`` of ``model`` (a registered name, or one of ``_STARTED``:
+    SSIVI started at a MeanField guide trained here for ``args.steps``)."""
+    if guide_name not in _STARTED:
         return make_guide(guide_name, model)
     start = make_guide("meanfield", model)
     fit(model, start, X, y, num_steps=args.steps, lr=args.lr, seed=args.seed, progress=False,
         lr_schedule="constant", final_elbo_particles=0)
-    return SemiImplicit(model, init_from=start)
+    return SemiImplicit(model, init_from=start, **_STARTED[guide_name])
 
 
 def _plot(name: str, X, y, grid, panels: dict, path: Path) -> Path:
