@@ -337,3 +337,15 @@ def test_surrogate_of_a_single_conditional_is_its_logsumexp():
     comps = torch.randn(4, 6, dtype=DT)
     torch.testing.assert_close(surrogate_log_prob([comps]),
                                torch.logsumexp(comps, -1) - math.log(6))
+
+
+@pytest.mark.parametrize("options", [{"bound": "iwhvi"}, {"bound": "iwhvi", "structured": False},
+                                     {"mixing": "discrete"}], ids=["iwhvi", "sivi-iw", "discrete"])
+def test_options_run_in_float32(options):
+    X, y = _step_data()
+    X, y = X.float(), y.float()
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=6)
+    guide = dgp.guides.SemiImplicit(model, **options, **SMALL)
+    result = dgp.fit(model, guide, X, y, num_steps=3, progress=False, final_elbo_particles=0)
+    assert all(math.isfinite(v) for v in result.losses)
+    assert all(p.dtype == torch.float32 for p in guide.parameters())
