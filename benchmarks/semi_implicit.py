@@ -50,11 +50,12 @@ import torch
 from tqdm.auto import tqdm
 
 from pyro_dgp import gold
+from pyro_dgp.guides import SemiImplicit
 from pyro_dgp.guides.registry import make_guide
 from pyro_dgp.prediction import predict
 from pyro_dgp.train.training import TrainingDivergedError, fit
 
-__all__ = ["GUIDES", "build_parser", "main", "run_toy"]
+__all__ = ["EXTRA_GUIDES", "GUIDES", "build_parser", "main", "run_toy"]
 
 ROOT = Path(__file__).resolve().parents[1]
 DT = torch.float64
@@ -63,6 +64,13 @@ DT = torch.float64
 #: ones at the paper's settings: K = 100, 100-dimensional noise, three hidden layers of 100;
 #: ``ssivi-tril`` with correlated components)
 GUIDES = ("meanfield", "coupled", "chain", "sivi", "ssivi", "ssivi-tril")
+#: further choices of ``--guides``: the other options of ``SemiImplicit`` (registered names),
+#: and ``ssivi-init`` / ``ssivi-tril-init``, SSIVI (diagonal / correlated components) started
+#: at a MeanField guide trained first on the same model for the same steps
+#: (``SemiImplicit(init_from=...)``; its ``s_per_step`` is SSIVI's alone)
+EXTRA_GUIDES = ("ssivi-iwhvi", "ssivi-discrete", "ssivi-init", "ssivi-tril-init")
+#: the ``SemiImplicit`` options of the ``*-init`` guides
+_STARTED = {"ssivi-init": {}, "ssivi-tril-init": {"component_scale": "tril"}}
 #: the guides of the UCI part
 UCI_GUIDES = ("meanfield", "ssivi", "ssivi-tril")
 
@@ -122,9 +130,9 @@ def run_toy(name: str, args, progress: bool = True) -> list[tuple[dict, dict]]:
                  "warmup": args.nuts_warmup, "samples": args.nuts_samples}, figures)]
     for guide_name in tqdm(args.guides, desc=f"{name}: guides", disable=not progress):
         pyro.set_rng_seed(args.seed)
-        guide = make_guide(guide_name, model)
         status = "ok"
         with gold.fixed_hyperparameters(model):
+            guide = _make_guide(guide_name, model, X, y, args)
             try:
                 result = fit(model, guide, X, y, num_steps=args.steps, lr=args.lr,
                              seed=args.seed, progress=progress, lr_schedule="constant",
@@ -153,6 +161,17 @@ def run_toy(name: str, args, progress: bool = True) -> list[tuple[dict, dict]]:
     if args.figures:
         _plot(name, X, y, grid, panels, ROOT / "docs" / f"semi_implicit_{name}.png")
     return records
+
+
+def _make_guide(guide_name: str, model, X, y, args):
+    """The guide ``guide_name`` of ``model`` (a registered name, or one of ``_STARTED``:
+    SSIVI started at a MeanField guide trained here for ``args.steps``)."""
+    if guide_name not in _STARTED:
+        return make_guide(guide_name, model)
+    start = make_guide("meanfield", model)
+    fit(model, start, X, y, num_steps=args.steps, lr=args.lr, seed=args.seed, progress=False,
+        lr_schedule="constant", final_elbo_particles=0)
+    return SemiImplicit(model, init_from=start, **_STARTED[guide_name])
 
 
 def _plot(name: str, X, y, grid, panels: dict, path: Path) -> Path:
@@ -259,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--part", nargs="+", choices=["toys", "uci"], default=["toys", "uci"])
     p.add_argument("--toys", nargs="+", choices=["two_mode", "compositional"],
                    default=["two_mode", "compositional"])
-    p.add_argument("--guides", nargs="+", choices=GUIDES, default=list(GUIDES))
+    p.add_argument("--guides", nargs="+", choices=GUIDES + EXTRA_GUIDES, default=list(GUIDES))
     p.add_argument("--steps", type=int, default=3000, help="Adam steps per guide (toys)")
     p.add_argument("--lr", type=float, default=5e-3, help="Adam learning rate (toys)")
     p.add_argument("--samples", type=int, default=500, help="guide draws of the predictive")

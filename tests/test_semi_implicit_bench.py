@@ -98,3 +98,17 @@ def test_uci_part_records_one_line_per_guide(tmp_path):
 def test_cuda_without_a_device_is_refused(capsys):
     assert bench.main(["--part", "toys", "--device", "cuda"]) == 2
     assert "CUDA" in capsys.readouterr().err
+
+
+def test_toy_part_runs_the_other_semi_implicit_options():
+    # ssivi-init trains a MeanField guide first and starts SSIVI at its q(u)
+    argv = ["--part", "toys", "--toys", "two_mode", "--guides", *bench.EXTRA_GUIDES,
+            "--steps", "3", "--nuts-chains", "1", "--nuts-warmup", "3", "--nuts-samples", "4",
+            "--samples", "8", "--elbo-particles", "2", "--grid", "5", "--no-figures",
+            "--quiet"]
+    assert bench.main(argv) == 0
+    recs = results.read("semi_implicit")[-len(bench.EXTRA_GUIDES):]
+    assert [r["settings"]["guide"] for r in recs] == list(bench.EXTRA_GUIDES)
+    for rec in recs:
+        f = rec["figures"]
+        assert math.isfinite(f["elbo"]) and 0 <= f["mode_A"] + f["mode_B"] <= 1, f

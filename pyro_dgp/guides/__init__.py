@@ -11,7 +11,7 @@ from .families.mixture import Mixture
 from .families.semi_implicit import SemiImplicit
 from .gaussian import LayerGaussian
 from .joint import JointGaussian
-from .mixing import MixingNetwork, SemiImplicitNormal
+from .mixing import DiscreteMixingNormal, MixingNetwork, ReverseNetwork, SemiImplicitNormal
 from .protocol import GuideProtocol, protocol_of, sample_paths, shared_draws
 from .prototype import LayerSite
 from .registry import register_guide
@@ -21,6 +21,7 @@ __all__ = [
     "Chain",
     "Completed",
     "Coupled",
+    "DiscreteMixingNormal",
     "GuideProtocol",
     "JointGaussian",
     "LayerGaussian",
@@ -29,6 +30,7 @@ __all__ = [
     "MeanField",
     "MixingNetwork",
     "Mixture",
+    "ReverseNetwork",
     "SemiImplicit",
     "SemiImplicitNormal",
     "complete",

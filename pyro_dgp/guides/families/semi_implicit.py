@@ -29,6 +29,17 @@ and ``u^{L-1}``, ``u^L`` is Gaussian ``N(mu_L, T_L diag sigma_L^2 T_L^T)`` and i
 the collapsed marginal with ``u^L`` integrated out (exact; lower variance), and its Gaussian
 goes to the likelihood (analytic for a Gaussian likelihood). The drawn ``u^L`` still enters
 the KL part. One ``U`` is drawn for all data points.
+
+Options (:mod:`pyro_dgp.guides.mixing` for the maths):
+
+- ``bound="iwhvi"``: each layer's surrogate is the importance-weighted hierarchical bound of
+  Sobolev and Vetrov (2019) with a learned Gaussian reverse model
+  ``tau_l(eps^l | u^l, u^{l-1})`` (a :class:`~pyro_dgp.guides.mixing.ReverseNetwork`, trained
+  by the same objective, which tightens the bound); it starts at ``N(0, I)``, where the
+  bound is SIVI's.
+- ``mixing="discrete"``: ``eps^l`` uniform over ``num_points`` learned points, so each
+  conditional is an equal-weight mixture of Gaussians and ``log q`` is exact.
+- ``init_from=guide``: start at a Gaussian guide's ``q(u)`` (see :class:`SemiImplicit`).
 """
 
 from __future__ import annotations
@@ -47,8 +58,15 @@ from ...validation import check_positive_finite, check_positive_int
 from .. import estimators
 from ..base import GuideRun, LayerGuide
 from ..gaussian import initial_scale_tril
-from ..mixing import MixingNetwork, SemiImplicitNormal, surrogate_log_prob
+from ..mixing import (
+    DiscreteMixingNormal,
+    MixingNetwork,
+    ReverseNetwork,
+    SemiImplicitNormal,
+    surrogate_log_prob,
+)
 from ..params import deep_getattr
+from ..protocol import protocol_of
 from ..prototype import LayerSite
 from ..registry import register_guide
 
@@ -89,6 +107,11 @@ class _RecordInducing(Messenger):
         run.draws.setdefault(site.index, LayerDraw()).value = msg["value"]
 
 
+@register_guide("ssivi-discrete", "SSIVI whose mixing variable is uniform over 10 learned "
+                "points per layer: a mixture of Gaussians with an exact log q",
+                mixing="discrete")
+@register_guide("ssivi-iwhvi", "SSIVI with the importance-weighted hierarchical bound "
+                "(IWHVI): a learned reverse model per layer", bound="iwhvi")
 @register_guide("ssivi-tril", "SSIVI whose components carry correlations: covariance "
                 "T diag(sigma^2) T^T, T learned per layer", component_scale="tril")
 @register_guide("sivi", "semi-implicit over the same family with the looser SIVI bound",
@@ -114,9 +137,33 @@ class SemiImplicit(LayerGuide):
         ``(D, M, M)`` unit lower-triangular parameter per layer, starting at ``I``), so that
         the mixture's components carry the correlations of ``u^l``'s posterior and the
         family contains the Gaussian guides with full covariance per layer.
+    :param bound: ``"sivi"`` (default): each surrogate's ``K`` extra noises are drawn from
+        the mixing distribution (Yin and Zhou 2018; per layer with ``structured``, as
+        Molchanova et al. 2019); ``"iwhvi"``: they are drawn from a learned reverse model per
+        layer and importance-weighted (Sobolev and Vetrov 2019; module docstring), a bound
+        that is exact where the reverse model is ``q(eps^l | u^l, u^{l-1})``, at the same
+        ``K = num_mixing``. The reverse models have one hidden layer of width ``hidden[0]``.
+    :param mixing: ``"gaussian"`` (default: ``eps^l ~ N(0, I)``) or ``"discrete"``:
+        ``eps^l`` uniform over ``num_points`` learned points
+        (:class:`~pyro_dgp.guides.mixing.DiscreteMixingNormal`), each ``q(u^l | u^{l-1})``
+        an equal-weight mixture of ``num_points`` Gaussians scored exactly (``num_mixing``
+        and ``bound`` then do not apply; needs ``structured=True``, the chain's ``log q``
+        being the sum of the layers' exact terms). The guide still declares
+        ``tractable_log_q = False`` (a property of the family, which the registry reads).
+    :param num_points: the number of points of ``mixing="discrete"`` (default 10).
+    :param init_from: a trained Gaussian guide of the same model (``MeanField``,
+        ``Coupled``...) to start from: each layer's network starts at the mean of that
+        guide's ``q(u^l)`` for every noise and every ``u^{l-1}``, and its scales at that
+        ``q(u^l)``'s marginal standard deviations (diagonal components) or, with
+        ``component_scale="tril"``, at the Cholesky factor of each output's ``M x M`` block
+        of its covariance (``T`` and the scales). Kept: the means, the marginal variances,
+        and with ``"tril"`` the correlations within each output of a layer. Dropped: the
+        correlations between outputs and between layers (``Coupled``, ``Chain``), which the
+        networks can learn back through their input ``u^{l-1}``.
 
     At the start every network's output layer is zero, so ``q`` is the Gaussian
-    ``prod_l N(m_l, diag s_l^2)`` with ``MeanField``'s initial means and marginal scales.
+    ``prod_l N(m_l, diag s_l^2)`` with ``MeanField``'s initial means and marginal scales
+    (or those of ``init_from``).
     Not ``mean_field`` (the KL has no closed form: train with ``Trace_ELBO``, ``fit``'s
     ``"elbo"``/``"auto"`` or the local alpha objective), and its runs are not importance
     weights (``log q`` is a surrogate), so ``RenyiELBO`` and the variational Pareto-k
@@ -134,7 +181,8 @@ class SemiImplicit(LayerGuide):
     def __init__(self, model, structured: bool = True, num_mixing: int = 100,
                  noise_dim: int = 100, hidden: Sequence[int] = (100, 100, 100),
                  inner_variance: float = 1e-5, collapse_last: bool = True,
-                 component_scale: str = "diagonal", name=None):
+                 component_scale: str = "diagonal", bound: str = "sivi",
+                 mixing: str = "gaussian", num_points: int = 10, init_from=None, name=None):
         super().__init__(model, name=name)
         if not isinstance(structured, bool):
             raise TypeError(f"SemiImplicit: structured must be True (SSIVI) or False (SIVI), "
@@ -154,19 +202,47 @@ class SemiImplicit(LayerGuide):
             raise ValueError(f"SemiImplicit: component_scale must be 'diagonal' or 'tril', got "
                              f"{component_scale!r}")
         self.component_scale = component_scale
+        self.bound = _check_choice(bound, "bound", ("sivi", "iwhvi"))
+        self.mixing = _check_choice(mixing, "mixing", ("gaussian", "discrete"))
+        self.num_points = check_positive_int(num_points, "SemiImplicit: num_points")
+        if self.mixing == "discrete" and (bound != "sivi" or not structured):
+            raise ValueError("SemiImplicit: mixing='discrete' scores each layer's log q "
+                             "exactly; it takes no bound='iwhvi' and no structured=False (a "
+                             "joint surrogate over the layers' noises); leave them at their "
+                             "defaults")
+        # the source's q(vec u^l) per layer, (loc, scale_tril), read now so that a bad
+        # init_from is refused at construction
+        self.start_from = _gaussian_start(init_from, model)
         self.nets = PyroModule()
+        self.proposals = PyroModule()
 
     # ------------------------------------------------------------------- parameters
     def _setup_sites(self, sites: list[LayerSite]) -> None:
         for site in sites:
             loc = site.layer.initial_u_loc()
-            # each entry's marginal scale of MeanField's initial q (rows of its factor)
-            row_norms = initial_scale_tril(site, self.inner_variance).square().sum(-1).sqrt()
-            scale = row_norms.expand(site.shape).clone()
+            start = self.start_from.get(self._key(site))
+            correlated = self.component_scale == "tril"
+            unit_tril = None
+            if start is None:
+                # each entry's marginal scale of MeanField's initial q (rows of its factor)
+                rows = initial_scale_tril(site, self.inner_variance).square().sum(-1).sqrt()
+                scale = rows.expand(site.shape).clone()
+            else:
+                loc, scale, unit_tril = _start_of(site, *start, like=loc,
+                                                  correlated=correlated)
             cond_dim = 0 if site.index == 0 else sites[site.index - 1].shape.numel()
             net = MixingNetwork(self.noise_dim, cond_dim, self.hidden, loc, scale,
-                                correlated=self.component_scale == "tril")
+                                correlated=correlated,
+                                num_points=self.num_points if self.mixing == "discrete"
+                                else None)
+            if unit_tril is not None:
+                with torch.no_grad():
+                    net.tril_raw.copy_(unit_tril)
             deep_setattr(self.nets, self._key(site), net)
+            if self.bound == "iwhvi":
+                proposal = ReverseNetwork(site.shape.numel(), cond_dim, self.noise_dim,
+                                          self.hidden[:1], like=loc)
+                deep_setattr(self.proposals, self._key(site), proposal)
 
     @staticmethod
     def _key(site: LayerSite) -> str:
@@ -200,9 +276,16 @@ class SemiImplicit(LayerGuide):
 
         net = deep_getattr(self.nets, self._key(site))
         like = net.body[-1].bias
-        score = None if self.structured else self._sivi_score(site, run)
-        q = SemiImplicitNormal(net, cond, self.noise_dim, self.num_mixing, site.shape,
-                               score=score, on_draw=on_draw, like=like, unit_tril=net.unit_tril)
+        if self.mixing == "discrete":
+            q = DiscreteMixingNormal(net, cond, net.points, site.shape, on_draw=on_draw,
+                                     like=like, unit_tril=net.unit_tril)
+        else:
+            score = None if self.structured else self._sivi_score(site, run)
+            proposal = deep_getattr(self.proposals, self._key(site)) \
+                if self.bound == "iwhvi" else None
+            q = SemiImplicitNormal(net, cond, self.noise_dim, self.num_mixing, site.shape,
+                                   score=score, on_draw=on_draw, like=like,
+                                   unit_tril=net.unit_tril, proposal=proposal)
         record.dist = q
         return q
 
@@ -237,3 +320,58 @@ class SemiImplicit(LayerGuide):
     def forward(self, *args, **kwargs):
         with _RecordInducing(self):
             return super().forward(*args, **kwargs)
+
+
+def _check_choice(value, label: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"SemiImplicit: {label} must be one of {list(choices)}, got "
+                         f"{value!r}")
+    return value
+
+
+def _gaussian_start(guide, model) -> dict:
+    """``{layer: (loc (D M,), scale_tril (D M, D M))}``, the Gaussian ``q(vec u^l)`` of each
+    layer of ``guide`` (detached), after checking that it is a Gaussian guide of ``model``;
+    ``{}`` for ``None``."""
+    if guide is None:
+        return {}
+    answers = protocol_of(guide)
+    if not answers.is_layer_guide:
+        raise ValueError(f"SemiImplicit: init_from must be a Gaussian layer guide of the same "
+                         f"model (e.g. pyro_dgp.guides.MeanField(model)), got "
+                         f"{type(guide).__name__}")
+    if answers.model is not model:
+        raise ValueError("SemiImplicit: init_from is a guide of another model; pass a guide "
+                         "trained on the model this SemiImplicit is built on")
+    start = {}
+    for layer in guide.layer_names:
+        try:
+            q = guide.q(layer)
+        except NotImplementedError as error:
+            raise ValueError(f"SemiImplicit: init_from must have a Gaussian q(u) per layer "
+                             f"(MeanField, Coupled, Chain...); {type(guide).__name__} has "
+                             f"none ({error})") from None
+        start[layer] = (q.loc.detach(), q.scale_tril.detach())
+    return start
+
+
+def _start_of(site: LayerSite, loc: torch.Tensor, scale_tril: torch.Tensor,
+              like: torch.Tensor, correlated: bool):
+    """``(loc (D, M), scale (D, M), T (D, M, M) or None)`` of a network that starts at the
+    Gaussian ``N(loc, scale_tril scale_tril^T)`` of ``vec u`` (row-major over ``(D, M)``),
+    in ``like``'s dtype and device. Diagonal components (``correlated`` false): the marginal
+    standard deviations, no ``T``. Correlated: each output's ``M x M`` block of the
+    covariance, whose Cholesky factor is ``T diag(scale)``."""
+    D, M = site.shape
+    kw = {"dtype": like.dtype, "device": like.device}
+    if loc.numel() != D * M:
+        raise ValueError(f"SemiImplicit: init_from's q of layer '{site.name}' has "
+                         f"{loc.numel()} entries, the layer's u has {D * M}")
+    loc, scale_tril = loc.to(**kw).reshape(D, M), scale_tril.to(**kw)
+    if not correlated:  # the rows' norms: sqrt of the covariance's diagonal
+        return loc, scale_tril.square().sum(-1).sqrt().reshape(D, M), None
+    cov = scale_tril @ scale_tril.mT
+    blocks = cov.reshape(D, M, D, M).diagonal(dim1=0, dim2=2).permute(2, 0, 1)  # (D, M, M)
+    chol = torch.linalg.cholesky(blocks)
+    scale = chol.diagonal(dim1=-2, dim2=-1)  # (D, M)
+    return loc, scale, chol / scale.unsqueeze(-2)
