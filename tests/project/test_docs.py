@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 API = DOCS / "api"
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.py"))

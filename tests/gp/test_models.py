@@ -30,7 +30,7 @@ from pyro_dgp.likelihoods import Likelihood
 from pyro_dgp.likelihoods.marginal import SourceGaussian, importance_weights, record_source
 
 DT = torch.float64
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _gen(seed=0):

@@ -5,7 +5,7 @@ import math
 import pyro
 import pytest
 import torch
-from test_elbo_known_answers import _dense_svgp_elbo, _single_layer
+from known_answers import dense_svgp_elbo, single_layer
 from torch.distributions import Categorical, MixtureSameFamily, MultivariateNormal
 
 import pyro_dgp as dgp
@@ -63,7 +63,7 @@ def test_a_one_component_mixture_is_its_component(family):
 def test_log_q_is_the_density_of_the_gaussian_mixture():
     """On one layer the mixture's log q, and the log-density a trace of its draws carries (as
     PSIS reads it), equal torch's ``MixtureSameFamily`` of the components' Gaussians."""
-    model, X, y = _single_layer(M=6)
+    model, X, y = single_layer(M=6)
     mixture = Mixture(model, num_components=3)
     mixture.set_weights(torch.tensor([0.2, 0.3, 0.5], dtype=DT))
     parts = [c.q("layer1") for c in mixture.components]
@@ -85,7 +85,7 @@ def test_log_q_is_the_density_of_the_gaussian_mixture():
 def test_the_stratified_elbo_of_identical_components_is_the_component_elbo():
     """K identical components: q(U) = q_k(U), so the stratified ELBO is the component's,
     here the closed-form SVGP ELBO of a chosen Gaussian (within 3 standard errors)."""
-    model, X, y = _single_layer(M=8)
+    model, X, y = single_layer(M=8)
     mixture = Mixture(model, num_components=3, spread=0)
     g = torch.Generator().manual_seed(3)
     loc = 0.5 * torch.randn(8, generator=g, dtype=DT)
@@ -95,7 +95,7 @@ def test_the_stratified_elbo_of_identical_components_is_the_component_elbo():
     for component in mixture.components:
         component.set_q(q, "layer1")
     mixture.set_weights(torch.tensor([0.6, 0.3, 0.1], dtype=DT))
-    exact = _dense_svgp_elbo(model, X, y, q.loc.unsqueeze(0),
+    exact = dense_svgp_elbo(model, X, y, q.loc.unsqueeze(0),
                              torch.linalg.cholesky(q.covariance_matrix).unsqueeze(0))
     S = 400
     with torch.no_grad(), seeded(0, X.device):
@@ -127,7 +127,7 @@ def test_the_layer_kl_of_identical_components_is_the_components_closed_form():
 
 
 def test_siwae_is_at_least_the_stratified_elbo():
-    model, X, y = _single_layer(M=6)
+    model, X, y = single_layer(M=6)
     mixture = Mixture(model, num_components=2, spread=1.0)
     mixture(X, y)
     S = 4

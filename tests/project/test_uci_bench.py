@@ -203,7 +203,7 @@ def test_exact_gp_control_runs_and_appends_its_table(tmp_path, capsys):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "exact_gp.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "exact_gp.py"
     spec = importlib.util.spec_from_file_location("exact_gp", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from protocol_likelihoods import BareGaussian, ProtocolGaussian, replica_check, tiled
 from scipy import integrate, optimize, stats
-from test_likelihood_protocol import BareGaussian, ProtocolGaussian, replica_check, tiled
 
 from pyro_dgp.likelihoods import Gaussian
 from pyro_dgp.prediction import MixturePredictive, gaussian_mixture_crps

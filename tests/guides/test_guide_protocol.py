@@ -21,7 +21,7 @@ from pyro_dgp.guides.protocol import GuideProtocol, PlainGuide, protocol_of
 
 DT = torch.float64
 S = 3
-PAGE = Path(__file__).resolve().parent.parent / "docs" / "write-a-guide.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "write-a-guide.md"
 
 #: each public name of the protocol and the check of its answer (a flag's type, a method's
 #: return); a name added to the protocol must be added here

@@ -25,7 +25,7 @@ from pyro_dgp.guides.registry import (
     make_guide,
 )
 
-GOLDEN = Path(__file__).parent / "golden" / "guides.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "guides.json"
 WRITE = os.environ.get("PYRO_DGP_WRITE_GOLDEN") == "1"
 #: (model variant, guide name): every registered guide on the DSVI model, the guides that
 #: accept the inducing-points-as-locations model on it, and the amortized guides on the model

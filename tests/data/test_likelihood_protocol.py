@@ -11,6 +11,7 @@ import numpy as np
 import pyro.distributions as dist
 import pytest
 import torch
+from protocol_likelihoods import BareGaussian, ProtocolGaussian, Z, replica_check, tiled
 from pyro.distributions import constraints
 from pyro.nn import PyroParam
 from scipy import integrate, stats
@@ -23,23 +24,10 @@ from pyro_dgp.prediction.sampled import sample_crps
 from pyro_dgp.rng import seeded
 
 DT = torch.float64
-DOC = Path(__file__).resolve().parents[1] / "docs" / "likelihoods.md"
-#: standard errors an estimate may lie from the truth (two-sided normal tail ~6e-5 per check)
-Z = 4.0
+DOC = Path(__file__).resolve().parents[2] / "docs" / "likelihoods.md"
 
 
 pytestmark = pytest.mark.usefixtures("float64_local_params")
-
-
-class ProtocolGaussian(Likelihood):
-    """The built-in Gaussian by the protocol alone: only ``conditional``."""
-
-    def __init__(self, variance=0.1):
-        super().__init__()
-        self.variance = PyroParam(torch.as_tensor(variance), constraints.positive)
-
-    def conditional(self, f):
-        return dist.Normal(f, self.variance.sqrt())
 
 
 class Laplace(Likelihood):
@@ -51,49 +39,12 @@ class Laplace(Likelihood):
         return dist.Laplace(f, self.scale)
 
 
-class _NormalWithoutMoments(dist.TorchDistribution):
-    """A normal that can only be scored and drawn from (no ``mean``, no ``variance``)."""
-
-    arg_constraints = {}
-    support = constraints.real
-
-    def __init__(self, loc, scale):
-        self.base = dist.Normal(loc, scale)
-        super().__init__(self.base.batch_shape, torch.Size(), validate_args=False)
-
-    def log_prob(self, value):
-        return self.base.log_prob(value)
-
-    def sample(self, sample_shape=torch.Size()):
-        return self.base.sample(sample_shape)
-
-
-class BareGaussian(ProtocolGaussian):
-    def conditional(self, f):
-        return _NormalWithoutMoments(f, self.variance.sqrt())
-
-
 def _components(S=4, N=6, seed=0):
     g = torch.Generator().manual_seed(seed)
     loc = torch.randn(S, N, generator=g, dtype=DT)
     var = 0.05 + 0.5 * torch.rand(S, N, generator=g, dtype=DT)
     y = torch.randn(N, generator=g, dtype=DT)
     return loc, var, y
-
-
-def tiled(loc, var, y, copies):
-    """Each point repeated ``copies`` times: the copies' estimates are independent replicas
-    (draws are independent across points), whose spread gives the standard error."""
-    return loc.repeat(1, copies), var.repeat(1, copies), y.repeat(copies)
-
-
-def replica_check(estimate, exact, copies, power_check=None):
-    """Mean of the ``copies`` replicas of each point within Z standard errors of ``exact``."""
-    reps = estimate.reshape(copies, -1)
-    se = reps.std(0) / math.sqrt(copies)
-    err = (reps.mean(0) - exact).abs()
-    assert bool((err < Z * se).all()), (err / se).tolist()
-    return se
 
 
 # ------------------------------------------------------------------ the documented protocol

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from uci_data import needs_uci
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _quickstart() -> str:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils.data import IterableDataset, TensorDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import distributed_worker as worker  # noqa: E402
 

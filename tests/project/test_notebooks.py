@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from uci_data import uci_root_or_skip
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.py"))
 #: warnings a notebook shows on purpose (02 demonstrates the guide comparison's)
 SHOWN_WARNINGS = {"GuideComparisonWarning"}

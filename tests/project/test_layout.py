@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "pyro_dgp"
+PACKAGE = Path(__file__).resolve().parents[2] / "pyro_dgp"
 MODULES = sorted(PACKAGE.rglob("*.py"))
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60

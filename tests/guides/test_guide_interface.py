@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from test_elbo_known_answers import _dense_svgp_elbo, _single_layer
+from known_answers import dense_svgp_elbo, single_layer
 from torch.distributions import LowRankMultivariateNormal, MultivariateNormal
 
 import pyro_dgp as dgp
@@ -59,7 +59,7 @@ def test_every_family_set_to_a_chosen_gaussian_gives_the_closed_form_svgp_elbo(n
     """Set right after construction (no call of the guide), through ``set_q``; the ELBO is the
     closed form exactly where the family's estimator is exact, else within 3 Monte Carlo
     standard errors."""
-    model, X, y = _single_layer(M=12)
+    model, X, y = single_layer(M=12)
     if name in LOCAL_INDUCING_GUIDES:
         model = dgp.gp.avdgp_regression(X, y, hidden_dims=(), num_inducing=12)
     guide = make_guide(name, model)
@@ -75,7 +75,7 @@ def test_every_family_set_to_a_chosen_gaussian_gives_the_closed_form_svgp_elbo(n
     torch.testing.assert_close(got.loc, q.loc)
     torch.testing.assert_close(got.covariance_matrix, q.covariance_matrix)
     L = torch.linalg.cholesky(q.covariance_matrix)
-    exact = _dense_svgp_elbo(model, X, y, q.loc.unsqueeze(0), L.unsqueeze(0))
+    exact = dense_svgp_elbo(model, X, y, q.loc.unsqueeze(0), L.unsqueeze(0))
     estimate = dgp.evaluate_elbo(model, guide, X, y, num_particles=4 if name in EXACT else 400)
     if name in EXACT:
         assert estimate.value == pytest.approx(exact, rel=1e-8)
@@ -148,7 +148,7 @@ def test_set_q_names_the_problem():
 
 
 def test_layer_kl_of_a_set_q_is_the_gaussian_kl_to_the_prior():
-    model, X, y = _single_layer(M=6)
+    model, X, y = single_layer(M=6)
     q = _chosen_q(6)
     for name in ("meanfield", "coupled", "chain", "autonormal", "automvn"):
         guide = make_guide(name, model)
@@ -162,11 +162,11 @@ def test_layer_kl_of_a_set_q_is_the_gaussian_kl_to_the_prior():
 
 
 def test_fit_reports_the_elbo_at_the_final_parameters():
-    model, X, y = _single_layer(M=6)
+    model, X, y = single_layer(M=6)
     guide = dgp.guides.MeanField(model)
     result = dgp.fit(model, guide, X, y, num_steps=30, lr=0.05, progress=False)
     loc, tril = (t.detach() for t in guide.q_params(guide.layer_sites[0]))
-    assert result.final_elbo == pytest.approx(_dense_svgp_elbo(model, X, y, loc, tril),
+    assert result.final_elbo == pytest.approx(dense_svgp_elbo(model, X, y, loc, tril),
                                               rel=1e-8)
     assert "final_elbo" in repr(result) and len(repr(result)) < 200
     assert math.isfinite(result.final_elbo_stderr)
@@ -196,7 +196,7 @@ def test_importance_weighted_objectives_refuse_guides_without_per_draw_weights()
     """``dgp.importance.RenyiELBO`` used directly checks the guide as ``fit`` does: collapsed
     and closed-form-KL guides give no importance weights (their Renyi values can exceed
     ``log p(y)``)."""
-    model, X, y = _single_layer(M=4)
+    model, X, y = single_layer(M=4)
     renyi = dgp.importance.RenyiELBO(alpha=0.5, num_particles=2)
     for name in ("meanfield", "coupled", "chain"):
         guide = make_guide(name, model)

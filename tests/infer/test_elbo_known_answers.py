@@ -6,27 +6,14 @@ import math
 import pyro
 import pytest
 import torch
+from known_answers import dense_svgp_elbo, single_layer
 from pyro import poutine
 from pyro.infer import RenyiELBO, Trace_ELBO, TraceMeanField_ELBO
-from torch.distributions import MultivariateNormal, Normal, kl_divergence
+from torch.distributions import MultivariateNormal
 
 import pyro_dgp as dgp
-from pyro_dgp.kernels import RBF
-from pyro_dgp.likelihoods import Gaussian
 
 DT = torch.float64
-
-
-def _single_layer(N=30, M=8, whiten=True, jitter=1e-12, Z=None, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    X = torch.linspace(-2.5, 2.5, N, dtype=DT).unsqueeze(-1)
-    y = torch.sin(2 * X.squeeze(-1)) + 0.1 * torch.randn(N, generator=g, dtype=DT)
-    if Z is None:
-        Z = torch.linspace(-2.2, 2.2, M, dtype=DT).unsqueeze(-1)
-    kernel = RBF(1, variance=1.3, lengthscale=0.8)
-    layer = dgp.GPLayer(1, 1, inducing_points=Z, kernel=kernel, whiten=whiten, jitter=jitter)
-    model = dgp.DeepGP([layer], Gaussian(variance=0.05)).to(DT)
-    return model, X, y
 
 
 def _random_q(guide, X, y, seed=1, scale=0.3):
@@ -44,28 +31,6 @@ def _random_q(guide, X, y, seed=1, scale=0.3):
     return out
 
 
-def _dense_svgp_elbo(model, X, y, loc, tril):
-    """Closed-form single-layer SVGP ELBO computed with dense algebra, independently of the
-    library's conditional: sum_i E_q(f_i) log N(y_i | f_i, s2) - KL(q(u) || p(u))."""
-    layer = model.layers[0]
-    with torch.no_grad():
-        Z = layer.inducing_points
-        Kzz = layer.kernel(Z)
-        Kzx = layer.kernel(Z, X)
-        kxx = layer.kernel(X, diag=True)
-        s2 = model.likelihood.variance
-        m, S = loc[0], tril[0] @ tril[0].mT
-        if layer.whiten:  # u = L v
-            L = torch.linalg.cholesky(Kzz)
-            m, S = L @ m, L @ S @ L.mT
-        Kinv_Kzx = torch.linalg.solve(Kzz, Kzx)
-        mean = Kinv_Kzx.mT @ m
-        var = kxx - (Kzx * Kinv_Kzx).sum(0) + (Kinv_Kzx * (S @ Kinv_Kzx)).sum(0)
-        ell = (Normal(mean, s2.sqrt()).log_prob(y) - 0.5 * var / s2).sum()
-        kl = kl_divergence(MultivariateNormal(m, S), MultivariateNormal(torch.zeros_like(m), Kzz))
-    return float(ell - kl)
-
-
 def _estimates(elbo, model, guide, X, y, n):
     with torch.no_grad():
         return torch.tensor([-elbo.loss(model, guide, X, y) for _ in range(n)], dtype=DT)
@@ -77,10 +42,10 @@ def test_collapsed_meanfield_elbo_is_the_closed_form(whiten, Elbo):
     from pyro_dgp.infer.elbo import AnalyticKL_ELBO
 
     Elbo = AnalyticKL_ELBO if Elbo == "AnalyticKL_ELBO" else TraceMeanField_ELBO
-    model, X, y = _single_layer(whiten=whiten)
+    model, X, y = single_layer(whiten=whiten)
     guide = dgp.guides.MeanField(model, collapsed=True)
     q = _random_q(guide, X, y)
-    exact = _dense_svgp_elbo(model, X, y, *q["layer1.u"])
+    exact = dense_svgp_elbo(model, X, y, *q["layer1.u"])
     # analytic KL + analytic last layer + collapsed u: the estimate is deterministic
     for validate in (True, False):
         with pyro.validation_enabled(validate):
@@ -93,13 +58,13 @@ def test_completed_autoguide_elbo_monte_carlo_mean_matches_closed_form(whiten):
     model's conditional given u give an unbiased ELBO (3 Monte Carlo standard errors)."""
     from pyro.infer.autoguide import AutoMultivariateNormal
 
-    model, X, y = _single_layer(whiten=whiten)
+    model, X, y = single_layer(whiten=whiten)
     guide = dgp.complete(AutoMultivariateNormal(dgp.inducing_only(model), init_scale=0.3),
                          model)
     dgp.fit(model, guide, X, y, num_steps=5, progress=False, objective=Trace_ELBO())
     with torch.no_grad():
         post = guide.inner.get_posterior()
-        exact = _dense_svgp_elbo(model, X, y, post.loc[None], post.scale_tril[None])
+        exact = dense_svgp_elbo(model, X, y, post.loc[None], post.scale_tril[None])
     est = _estimates(Trace_ELBO(), model, guide, X, y, 600)
     se = float(est.std() / math.sqrt(len(est)))
     assert abs(float(est.mean()) - exact) < 3 * se, (float(est.mean()), exact, se)
@@ -110,10 +75,10 @@ def test_completed_autoguide_elbo_monte_carlo_mean_matches_closed_form(whiten):
     "collapsed, objective", [(True, "trace"), (False, "trace"), (False, "meanfield")]
 )
 def test_svgp_elbo_monte_carlo_mean_matches_closed_form(whiten, collapsed, objective):
-    model, X, y = _single_layer(whiten=whiten)
+    model, X, y = single_layer(whiten=whiten)
     guide = dgp.guides.MeanField(model, collapsed=collapsed)
     q = _random_q(guide, X, y)
-    exact = _dense_svgp_elbo(model, X, y, *q["layer1.u"])
+    exact = dense_svgp_elbo(model, X, y, *q["layer1.u"])
     elbo = Trace_ELBO() if objective == "trace" else TraceMeanField_ELBO()
     est = _estimates(elbo, model, guide, X, y, 600)
     se = float(est.std() / math.sqrt(len(est)))
@@ -125,7 +90,7 @@ def _exact_posterior(whiten, collapsed=True, N=15):
     """One layer with Z = X and Titsias' optimal q(u), which is the exact posterior there:
     ``(model, guide, X, y, log p(y))``."""
     X = torch.linspace(-3, 3, N, dtype=DT).unsqueeze(-1)
-    model, _, y = _single_layer(N=N, Z=X.clone(), whiten=whiten, jitter=1e-12)
+    model, _, y = single_layer(N=N, Z=X.clone(), whiten=whiten, jitter=1e-12)
     X = X.clone()
     guide = dgp.guides.MeanField(model, collapsed=collapsed)
     guide(X, y)
@@ -184,7 +149,7 @@ def _sparse_exact_posterior(N=30, M=4):
     the exact posterior of the model as the Pyro program defines it (``f_i`` independent given
     ``u``): ``p(y | v) = N(A^T v, diag(c + s2))`` in whitened coordinates, ``c_i`` the
     conditional variances. Returns ``(model, guide, X, y, log p(y))``."""
-    model, X, y = _single_layer(N=N, M=M, whiten=True, jitter=1e-12)
+    model, X, y = single_layer(N=N, M=M, whiten=True, jitter=1e-12)
     guide = dgp.guides.MeanField(model, collapsed=False)
     guide(X, y)
     layer = model.layers[0]
@@ -489,7 +454,7 @@ def test_log_q_at_the_guides_own_draws_survives_an_ill_conditioned_factor():
     own draws must still be right: its Monte Carlo mean is minus the closed-form entropy, and
     Trace_ELBO (which scores q) agrees with the analytic-KL ELBO within Monte Carlo error."""
     M = 80
-    model, X, y = _single_layer(N=20, M=M)
+    model, X, y = single_layer(N=20, M=M)
     guide = dgp.guides.MeanField(model, collapsed=False)
     guide(X, y)
     L = 0.01 * torch.ones(M, M, dtype=DT).tril(-1) + 0.003 * torch.eye(M, dtype=DT)
@@ -520,7 +485,7 @@ def test_trace_enum_elbo_runs_on_float64_models_and_equals_trace_elbo():
     float64 terms); with nothing to enumerate its estimate is Trace_ELBO's for the same draws."""
     from pyro.infer import TraceEnum_ELBO
 
-    model, X, y = _single_layer()
+    model, X, y = single_layer()
     guide = dgp.guides.MeanField(model)
     _random_q(guide, X, y)
     values = []
