@@ -203,7 +203,7 @@ def test_plots_of_many_inputs_write_what_applies_and_name_what_they_skip(tmp_pat
 
 
 def test_forest_plot_of_bayesian_hyperparameters(tmp_path):
-    from tests.test_arviz import _double, _HandNoise
+    from tests.diagnostics.test_arviz import _double, _HandNoise
 
     model = _double(_HandNoise)
     X = torch.linspace(-1, 1, 12, dtype=torch.float64).unsqueeze(-1)

@@ -1,5 +1,6 @@
 """Known answers for the importance weights of ``variational_pareto_k`` beyond one layer with
-fixed hyperparameters (where tests/test_arviz.py checks them against the exact posterior).
+fixed hyperparameters (where tests/diagnostics/test_arviz.py checks them against the exact
+posterior).
 
 Whatever ``q`` is, as long as it covers the posterior, the weights are those of an exact
 importance sampler whose target's normaliser is the marginal likelihood, so

@@ -164,7 +164,7 @@ def test_two_mode_posterior_matches_importance_sampling():
 
 @pytest.mark.slow
 def test_two_separated_modes_are_two_groups_weighed_by_stacking():
-    # chains seeded 3 and 4 start in the basins of modes B and A (tests/test_two_modes.py)
+    # chains seeded 3 and 4 start in the basins of modes B and A (tests/gold/test_two_modes.py)
     model, X, y = gold.two_mode_model()
     res = gold.run_nuts(model, X, y, num_samples=30, warmup_steps=40, num_chains=2, seed=3,
                         full_mass=True, max_tree_depth=4, progress=False)

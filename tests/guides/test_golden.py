@@ -2,7 +2,7 @@
 
 A refactor that only moves code must reproduce them within rounding (``TOLERANCE``). The
 numbers are in ``tests/golden/guides.json``; they are rewritten only on purpose, with
-``PYRO_DGP_WRITE_GOLDEN=1 python -m pytest tests/test_golden.py`` (a change of the maths, not
+``PYRO_DGP_WRITE_GOLDEN=1 python -m pytest tests/guides/test_golden.py`` (a change of the maths, not
 of the layout, and the commit says why).
 """
 

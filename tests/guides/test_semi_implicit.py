@@ -13,7 +13,7 @@ from pyro.infer import SVI, Trace_ELBO
 
 import pyro_dgp as dgp
 from pyro_dgp.guides.mixing import MixingNetwork, SemiImplicitNormal, surrogate_log_prob
-from tests.test_guides import HandWritten  # the warp + periodic model of the design
+from tests.guides.test_guides import HandWritten  # the warp + periodic model of the design
 
 DT = torch.float64
 SMALL = {"num_mixing": 10, "noise_dim": 8, "hidden": (32, 32)}

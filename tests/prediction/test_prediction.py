@@ -349,7 +349,7 @@ def test_bayesian_noise_reaches_the_predictive_and_the_pointwise_log_likelihood(
     from the guide (not the prior's, which PyroModule would draw outside the model's call)."""
     import pyro_dgp as dgp
     from pyro_dgp.diagnostics.export import to_datatree
-    from tests.test_training import bayesian_noise_model
+    from tests.train.test_training import bayesian_noise_model
 
     data = dgp.datasets.step(n_train=30, n_test=20, seed=1)
     X, y = data.X_train, data.y_train

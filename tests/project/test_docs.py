@@ -4,7 +4,7 @@ site builds with warnings as errors, and its notebook pages show their figures.
 The coverage test runs in the default run and needs no Sphinx (it reads the ``.rst`` sources).
 The build and the screenshots are marked ``docs`` and left out of the default run
 (``pyproject.toml``); ``.ci/run`` runs them as a step of their own:
-``python -m pytest -m docs tests/test_docs.py`` (the ``docs`` extra installs Sphinx).
+``python -m pytest -m docs tests/project/test_docs.py`` (the ``docs`` extra installs Sphinx).
 """
 
 from __future__ import annotations

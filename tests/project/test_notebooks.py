@@ -2,7 +2,7 @@
 in their small size, each in under two minutes.
 
 Marked ``notebooks`` and left out of the default run (``pyproject.toml``); ``.ci/run`` runs
-them as a step of their own: ``python -m pytest -m notebooks tests/test_notebooks.py``. Set
+them as a step of their own: ``python -m pytest -m notebooks tests/project/test_notebooks.py``. Set
 ``PYRO_DGP_NOTEBOOK_OUT`` to a folder to keep the executed notebooks (``.ipynb``, with their
 figures) there.
 """

@@ -140,7 +140,7 @@ def test_command_line_table_and_markdown(tmp_path, capsys):
 def test_guides_timing_records_one_line_per_guide(tmp_path, capsys, monkeypatch):
     """``--guides``: fit's ms per step for each guide named (eager only on the CPU; the
     amortized guide on the AVDGP model), one result line each; the graph mode on CUDA
-    (tests/test_cuda.py covers the option itself)."""
+    (tests/train/test_cuda.py covers the option itself)."""
     import json
 
     monkeypatch.setenv("PYRO_DGP_RESULTS_DIR", str(tmp_path))

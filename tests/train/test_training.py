@@ -425,7 +425,7 @@ def test_resume_after_a_nan_gradient_goes_on(step, tmp_path):
 
 
 def test_cuda_graph_option_needs_cuda_data_and_a_plain_step(step):
-    """``cuda_graph=True`` names what it needs (the GPU tests run it: tests/test_cuda.py)."""
+    """``cuda_graph=True`` names what it needs (the GPU tests run it: tests/train/test_cuda.py)."""
     model = dgp.DeepGP.regression(step.X_train, step.y_train, num_layers=2, num_inducing=5)
     guide = dgp.guides.MeanField(model)
     with pytest.raises(ValueError, match="CUDA device; it is on cpu"):
@@ -482,7 +482,7 @@ class EagerReplays:
 @pytest.fixture
 def stand_in_graph(monkeypatch):
     """``fit(cuda_graph=True)`` on the CPU, its graph replaced by :class:`EagerReplays`
-    (tests/test_cuda.py runs the real graph)."""
+    (tests/train/test_cuda.py runs the real graph)."""
     import contextlib
 
     import pyro_dgp.train.cuda_graph as cuda_graph
