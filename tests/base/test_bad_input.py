@@ -1,7 +1,6 @@
 """The package's base checks on bad input: the positive-integer check names the argument and
 the value, and an error raised inside a Pyro trace reaches the user as their own."""
 
-
 import pytest
 import torch
 

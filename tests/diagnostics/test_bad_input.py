@@ -1,27 +1,15 @@
 """The diagnostics' entry points (``to_datatree``, ``layer_summary``) given bad input, beside the
 other entry points that refuse the same input."""
 
-
 import pytest
-import torch
+from bad_input_data import untrained_meanfield
 
 import pyro_dgp as dgp
-
-DT = torch.float64
-
-
-def _data(N=60, D=1, dtype=DT, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    X = torch.randn(N, D, generator=g, dtype=DT)
-    y = torch.sin(X.sum(-1)) + 0.1 * torch.randn(N, generator=g, dtype=DT)
-    return X.to(dtype), y.to(dtype)
 
 
 @pytest.fixture
 def fitted():
-    X, y = _data()
-    model = dgp.DeepGP.regression(X, y, num_inducing=5)
-    return model, dgp.guides.MeanField(model), X, y
+    return untrained_meanfield()
 
 
 def test_zero_rows_are_refused_at_every_entry_point(fitted):

@@ -11,6 +11,7 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from bad_input_data import line_data, sine_data, untrained_meanfield
 from pyro.infer import Trace_ELBO
 from pyro.nn import PyroModule
 
@@ -25,8 +26,7 @@ DT = torch.float64
 
 @pytest.fixture
 def data():
-    X = torch.linspace(-1, 1, 20, dtype=DT).unsqueeze(-1)
-    return X, torch.sin(3 * X.squeeze(-1))
+    return line_data()
 
 
 @pytest.mark.parametrize(
@@ -316,13 +316,6 @@ def test_regression_warns_on_inputs_far_from_the_origin():
                               likelihood="probit")
 
 
-def _data(N=60, D=1, dtype=DT, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    X = torch.randn(N, D, generator=g, dtype=DT)
-    y = torch.sin(X.sum(-1)) + 0.1 * torch.randn(N, generator=g, dtype=DT)
-    return X.to(dtype), y.to(dtype)
-
-
 def _standardise_warnings(fn):
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -335,7 +328,7 @@ def _standardise_warnings(fn):
 def test_inputs_on_a_small_scale_are_warned_about(scale, dtype):
     """Along a column of standard deviation 0.01 the starting lengthscale ln 2 sees a
     constant: 1,000 steps fit the constant mean (NLL ~1.0 on a sine); it says so."""
-    X, y = _data(dtype=dtype)
+    X, y = sine_data(dtype=dtype)
     X = torch.cat([X, X * scale], -1)
     msgs = _standardise_warnings(lambda: dgp.DeepGP.regression(X, y, num_inducing=10))
     hits = [m for m in msgs if "assume standardised data" in m]
@@ -345,7 +338,7 @@ def test_inputs_on_a_small_scale_are_warned_about(scale, dtype):
 
 
 def test_standardised_and_moderately_scaled_inputs_are_not_warned_about():
-    X, y = _data()
+    X, y = sine_data()
     for scale in (1.0, 0.3, 0.3 / X.std().item()):
         msgs = _standardise_warnings(lambda s=scale: dgp.DeepGP.regression(X * s, y,
                                                                            num_inducing=10))
@@ -355,7 +348,7 @@ def test_standardised_and_moderately_scaled_inputs_are_not_warned_about():
 def test_constant_columns_are_not_warned_about():
     """A constant column is harmless to the kernel and the mean (naval's standardised splits
     hold two): no warning, the small-spread one included."""
-    X, y = _data(D=2)
+    X, y = sine_data(D=2)
     X = torch.cat([X[:, :1], torch.zeros_like(X[:, :1]), X[:, 1:]], -1)
     assert _standardise_warnings(lambda: dgp.DeepGP.regression(X, y, num_inducing=10)) == []
 
@@ -363,7 +356,7 @@ def test_constant_columns_are_not_warned_about():
 def test_large_inputs_are_warned_about_in_float32():
     """In float32 at X * 1e6 the fit diverges (TrainingDivergedError): the build has said
     why before."""
-    X, y = _data(dtype=torch.float32)
+    X, y = sine_data(dtype=torch.float32)
     with pytest.warns(UserWarning, match="X has columns with .* standardise them"):
         dgp.DeepGP.regression(X * 1e6, y, num_inducing=10)
 
@@ -371,7 +364,7 @@ def test_large_inputs_are_warned_about_in_float32():
 @pytest.mark.parametrize("as_labels", [lambda y: y.long(), lambda y: y.bool(),
                                        lambda y: y.to(torch.uint8)])
 def test_classification_takes_integer_and_boolean_labels(as_labels):
-    X, _ = _data(N=30, D=2)
+    X, _ = sine_data(N=30, D=2)
     y = (X[:, 0] > 0).to(DT)
     model = dgp.DeepGP.classification(X, as_labels(y), num_inducing=6)
     guide = dgp.guides.MeanField(model)
@@ -383,7 +376,7 @@ def test_classification_takes_integer_and_boolean_labels(as_labels):
 
 
 def test_regression_still_refuses_integer_targets():
-    X, y = _data()
+    X, y = sine_data()
     with pytest.raises(TypeError, match="y must be a floating-point tensor, got dtype "
                                         "torch.int64"):
         dgp.DeepGP.regression(X, y.round().long(), num_inducing=5)
@@ -391,22 +384,20 @@ def test_regression_still_refuses_integer_targets():
 
 @pytest.fixture
 def fitted():
-    X, y = _data()
-    model = dgp.DeepGP.regression(X, y, num_inducing=5)
-    return model, dgp.guides.MeanField(model), X, y
+    return untrained_meanfield()
 
 
 @pytest.mark.parametrize("option", ["whiten", "ard", "train_mean"])
 @pytest.mark.parametrize("value", ["no", 0, 1, None])
 def test_boolean_options_must_be_bools(option, value):
-    X, y = _data()
+    X, y = sine_data()
     with pytest.raises(TypeError, match=f"DeepGP.regression: {option} must be True or False, "
                                         f"got {value!r}"):
         dgp.DeepGP.regression(X, y, num_inducing=5, **{option: value})
 
 
 def test_boolean_options_take_numpy_bools():
-    X, y = _data()
+    X, y = sine_data()
     model = dgp.DeepGP.regression(X, y, num_inducing=5, whiten=np.bool_(False),
                                   ard=np.bool_(True), train_mean=np.bool_(False))
     assert model.layers[0].whiten is False
@@ -415,7 +406,7 @@ def test_boolean_options_take_numpy_bools():
 @pytest.mark.parametrize("N, M", [(60, 60), (100, 100), (130, 100)])
 @pytest.mark.parametrize("builder", ["regression", "classification"])
 def test_default_num_inducing_is_at_most_the_data(N, M, builder):
-    X, y = _data(N=N, D=2)
+    X, y = sine_data(N=N, D=2)
     if builder == "classification":
         y = (y > 0).to(DT)
     model = getattr(dgp.DeepGP, builder)(X, y)
@@ -423,7 +414,7 @@ def test_default_num_inducing_is_at_most_the_data(N, M, builder):
 
 
 def test_an_explicit_num_inducing_above_the_data_is_refused():
-    X, y = _data(N=60)
+    X, y = sine_data(N=60)
     with pytest.raises(ValueError, match="num_inducing must be at most 60, got 100"):
         dgp.DeepGP.regression(X, y, num_inducing=100)
 
@@ -447,7 +438,7 @@ def test_half_precision_is_refused_naming_the_dtype(fitted, dtype):
 def test_kmeans_gives_distinct_centres_from_duplicated_inputs(distinct, M, dtype):
     """Fewer distinct inputs than inducing points: those inputs, then distinct points drawn
     near them, without scipy's empty-cluster or divide warnings."""
-    X, y = _data(N=distinct, D=2, dtype=dtype)
+    X, y = sine_data(N=distinct, D=2, dtype=dtype)
     Xd, yd = torch.cat([X] * 6), torch.cat([y] * 6)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -471,7 +462,7 @@ def test_kmeans_of_distinct_inputs_is_unchanged():
     order; M = N: the inputs themselves."""
     from scipy.cluster.vq import kmeans2
 
-    X, _ = _data(N=80, D=3)
+    X, _ = sine_data(N=80, D=3)
     centres, _ = kmeans2(X.numpy(), 12, minit="++", seed=np.random.default_rng(4))
     assert torch.equal(kmeans(X, 12, seed=4), torch.as_tensor(centres))
     assert torch.equal(kmeans(X, 80, seed=4), X)

@@ -4,18 +4,16 @@ import math
 
 import pytest
 import torch
+from bad_input_data import line_data
 
 import pyro_dgp as dgp
 from pyro_dgp.guides import Chain, Coupled, MeanField
 from pyro_dgp.guides.registry import make_guide
 
-DT = torch.float64
-
 
 @pytest.fixture
 def data():
-    X = torch.linspace(-1, 1, 20, dtype=DT).unsqueeze(-1)
-    return X, torch.sin(3 * X.squeeze(-1))
+    return line_data()
 
 
 @pytest.mark.parametrize("guide", [MeanField, Coupled, Chain])

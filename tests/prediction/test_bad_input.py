@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from bad_input_data import line_data, sine_data
 
 import pyro_dgp as dgp
 from pyro_dgp.guides import MeanField
@@ -16,8 +17,7 @@ DT = torch.float64
 
 @pytest.fixture
 def data():
-    X = torch.linspace(-1, 1, 20, dtype=DT).unsqueeze(-1)
-    return X, torch.sin(3 * X.squeeze(-1))
+    return line_data()
 
 
 def test_model_and_predict_reject_bad_inputs(data):
@@ -62,16 +62,9 @@ def test_mixture_predictive_checks_draws_and_variances():
         MixturePredictive(torch.zeros(2, 4), -torch.ones(2, 4), lik)
 
 
-def _data(N=60, D=1, dtype=DT, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    X = torch.randn(N, D, generator=g, dtype=DT)
-    y = torch.sin(X.sum(-1)) + 0.1 * torch.randn(N, generator=g, dtype=DT)
-    return X.to(dtype), y.to(dtype)
-
-
 @pytest.fixture(scope="module")
 def classifier():
-    X, _ = _data(N=40, D=2, seed=1)
+    X, _ = sine_data(N=40, D=2, seed=1)
     y = (X[:, 0] * X[:, 1] > 0).to(DT)
     model = dgp.DeepGP.classification(X, y, num_inducing=8)
     guide = dgp.guides.MeanField(model)

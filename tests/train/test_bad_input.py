@@ -1,10 +1,10 @@
 """``fit`` given bad settings or data: a clear error naming the setting, the dtype or the
 parameter, and an error inside a Pyro trace reaching the user unwrapped."""
 
-
 import pyro
 import pytest
 import torch
+from bad_input_data import line_data, untrained_meanfield
 from pyro.nn import PyroModule
 
 import pyro_dgp as dgp
@@ -15,8 +15,7 @@ DT = torch.float64
 
 @pytest.fixture
 def data():
-    X = torch.linspace(-1, 1, 20, dtype=DT).unsqueeze(-1)
-    return X, torch.sin(3 * X.squeeze(-1))
+    return line_data()
 
 
 @pytest.mark.parametrize(
@@ -94,18 +93,9 @@ def test_error_inside_a_trace_reaches_the_user_unwrapped(entry):
     assert len(notes) == 1 and "Trace Shapes" in notes[0] and "g.u" in notes[0]
 
 
-def _data(N=60, D=1, dtype=DT, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    X = torch.randn(N, D, generator=g, dtype=DT)
-    y = torch.sin(X.sum(-1)) + 0.1 * torch.randn(N, generator=g, dtype=DT)
-    return X.to(dtype), y.to(dtype)
-
-
 @pytest.fixture
 def fitted():
-    X, y = _data()
-    model = dgp.DeepGP.regression(X, y, num_inducing=5)
-    return model, dgp.guides.MeanField(model), X, y
+    return untrained_meanfield()
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
