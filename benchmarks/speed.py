@@ -33,7 +33,7 @@ The three implementations run the SAME model and the same step:
              does), the optimiser step eager.
 ``plain``    :class:`PlainDSVI`: the same model and estimator written directly with tensors and
              ``torch.linalg`` (no Pyro, no distributions): the floor. Its loss equals ours for
-             the same parameters and noise draws (``tests/test_speed_bench.py``). In float64
+             the same parameters and noise draws (``tests/project/test_speed_bench.py``). In float64
              it evaluates the conditional variance in the same quadratic form as ours
              (``pyro_dgp.conditional``), so ours/plain measures the framework's overhead, not
              an algorithmic difference; GPyTorch uses the projected form (a triangular solve

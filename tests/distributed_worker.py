@@ -1,4 +1,4 @@
-"""One process of the data-parallel tests (``tests/test_distributed.py``), started with
+"""One process of the data-parallel tests (``tests/train/test_distributed.py``), started with
 torchrun's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``)::
 
     python tests/distributed_worker.py SCENARIO OUT

@@ -328,7 +328,7 @@ class LayerGuide(GuideProtocol, PyroModule):
         each site as the model stated it (its own distribution, observed or latent, scale
         and mask from the model's plates) with the value it received. It equals the replayed
         model's trace for a model that, like every Pyro model, is deterministic given its
-        sample values (``tests/test_elbo_known_answers.py``), without running the model a
+        sample values (``tests/infer/test_elbo_known_answers.py``), without running the model a
         second time. Handlers outside the guide do not see the model's hidden sites, so
         callers use it only where none is active (:class:`~pyro_dgp.elbo.AnalyticKL_ELBO`).
         """

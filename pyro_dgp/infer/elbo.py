@@ -23,7 +23,7 @@ replay"). The sum:
 With Pyro's validation enabled it defers to ``TraceMeanField_ELBO``'s own trace checks (model
 and guide sites match, plate shapes, the mean-field requirement) before summing, so the first,
 validated step of :func:`pyro_dgp.fit` is checked as before. Its value and gradient equal
-``TraceMeanField_ELBO``'s for the same random draws (``tests/test_elbo_known_answers.py``).
+``TraceMeanField_ELBO``'s for the same random draws (``tests/infer/test_elbo_known_answers.py``).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ class BernoulliProbit(Likelihood):
     ``num_gh_points``-point Gauss-Hermite, exact to rounding for latent variances up to about
     1. Its error grows with the variance: ``log Phi`` bends over a width of about 1 around 0,
     which nodes spaced in proportion to the latent standard deviation resolve less well
-    (``tests/test_likelihoods.py`` measures it at variances 10 and 100). Raise
+    (``tests/data/test_likelihoods.py`` measures it at variances 10 and 100). Raise
     ``num_gh_points`` where the last layer's variance is large.
 
     ``binary``: a predictive mixture of it is Bernoulli with ``p(y = 1)`` its mean, whose CRPS

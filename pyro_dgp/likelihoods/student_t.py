@@ -83,7 +83,8 @@ def _t_expected_grid(dtype: torch.dtype, device: torch.device):
     tau = -50, 1 - phi(t) <= t E[z], so the tail is < e^-50 E[z] ~ 2e-22 E[z] (< 1e-10 for
     |y - loc| <= 1e6 s and var <= 1e8 s^2). 135 nodes.
     Measured against scipy quad of E log t: max 1.3e-9 absolute over df in [0.5, 100] (error
-    grows as (df + 1) / 2), var in [0, 1e4] s^2, |y - loc| <= 1e3 s (tests/test_likelihoods.py)."""
+    grows as (df + 1) / 2), var in [0, 1e4] s^2, |y - loc| <= 1e3 s
+    (tests/data/test_likelihoods.py)."""
     lo, hi, n = -50.0, 3.6, 135
     t = np.exp(np.linspace(lo, hi, n))
     w = (hi - lo) / (n - 1) * np.exp(-t)

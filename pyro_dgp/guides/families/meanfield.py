@@ -88,7 +88,8 @@ class MeanField(GaussianBlocks, LayerGuide):
     each draw's own importance weight, so only ``collapsed=False`` without per-point draws: a
     collapsed ``f`` is drawn from ``q(f)``, not given the sampled ``u``, which leaves the
     ELBO's expectation unchanged but not ``E[w^(1 - alpha)]`` (at the exact posterior of a
-    one-layer GP the collapsed RenyiELBO exceeds ``log p(y)``: tests/test_elbo_known_answers.py).
+    one-layer GP the collapsed RenyiELBO exceeds ``log p(y)``:
+    tests/infer/test_elbo_known_answers.py).
     ``pyro_dgp.fit`` refuses the combination (:attr:`per_draw_weights`). With
     ``collapsed=False`` the weights are exact inside :func:`pyro_dgp.importance_weights`
     (``fit``'s ``"renyi"`` objective runs there; see :mod:`pyro_dgp.importance`).
