@@ -1,7 +1,7 @@
 """The parts of a :class:`~pyro_dgp.guides.Mixture` run: its record (:class:`MixtureRun`),
 the distribution of its ``<layer>.u`` sites (:class:`MixtureInducing`: draws each draw's own
 component, scores ``log q(U)`` at the last layer), the messenger that keeps each layer's final
-value (:class:`RecordValues`) and one Gaussian component's ``log q_k(U)``."""
+value (:func:`keep_value`) and one Gaussian component's ``log q_k(U)``."""
 
 from __future__ import annotations
 
@@ -10,14 +10,12 @@ from dataclasses import dataclass, field
 import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
-from pyro.poutine.messenger import Messenger
 
-from ..gp.sites import InducingSite, layer_site
 from .base import GuideRun, LayerGuide
 from .joint import JointGaussian
 from .prototype import LayerSite
 
-__all__ = ["MixtureInducing", "MixtureRun", "RecordValues", "component_log_q"]
+__all__ = ["MixtureInducing", "MixtureRun", "keep_value", "component_log_q"]
 
 
 def component_log_q(component: LayerGuide, values: list[torch.Tensor]) -> torch.Tensor:
@@ -83,18 +81,6 @@ class MixtureInducing(dist.TorchDistribution):
         return self.guide.log_q(values)
 
 
-class RecordValues(Messenger):
-    """Keeps each ``<layer>.u`` value of a mixture run once it is final: the run's own draw or
-    a value replayed from another trace; the last site's ``log q(U)`` reads them."""
-
-    def __init__(self, guide):
-        super().__init__()
-        self.guide = guide
-
-    def _pyro_post_sample(self, msg):
-        if not isinstance(layer_site(msg), InducingSite):
-            return
-        run = self.guide.current_run()
-        site = self.guide.find_site(msg["name"].rsplit(".", 1)[0])
-        if run is not None and site is not None:
-            run.values[site.index] = msg["value"]
+def keep_value(run: MixtureRun, index: int, value) -> None:
+    """The last site's ``log q(U)`` reads the final value of layer ``index``."""
+    run.values[index] = value

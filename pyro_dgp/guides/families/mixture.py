@@ -43,7 +43,8 @@ from ...state import swapped
 from ...validation import check_bool, check_positive_finite, check_positive_int
 from .. import estimators
 from ..base import LayerGuide
-from ..mixture_runs import MixtureInducing, MixtureRun, RecordValues, component_log_q
+from ..final_values import RecordFinalInducing
+from ..mixture_runs import MixtureInducing, MixtureRun, component_log_q, keep_value
 from ..params import copy_into
 from ..prototype import LayerSite
 from ..registry import register_guide
@@ -298,7 +299,7 @@ class Mixture(LayerGuide):
         return self._estimate("f_given_u", site, x, u, run)
 
     def forward(self, *args, **kwargs):
-        with RecordValues(self):
+        with RecordFinalInducing(self, keep_value):
             return super().forward(*args, **kwargs)
 
 

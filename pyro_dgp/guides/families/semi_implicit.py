@@ -50,13 +50,12 @@ from dataclasses import dataclass, field
 import torch
 from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule
-from pyro.poutine.messenger import Messenger
 
 from ...gp.distributions import drop_data_dim
-from ...gp.sites import InducingSite, layer_site
 from ...validation import check_positive_finite, check_positive_int
 from .. import estimators
 from ..base import GuideRun, LayerGuide
+from ..final_values import RecordFinalInducing
 from ..gaussian import initial_scale_tril
 from ..mixing import (
     DiscreteMixingNormal,
@@ -89,22 +88,9 @@ class SemiImplicitRun(GuideRun):
     draws: dict = field(default_factory=dict)
 
 
-class _RecordInducing(Messenger):
-    """Keeps the value of each ``<layer>.u`` site of a run once it is final: the guide's own
-    draw, or a value replayed from another trace; the next layer's conditional reads it."""
-
-    def __init__(self, guide: SemiImplicit):
-        super().__init__()
-        self.guide = guide
-
-    def _pyro_post_sample(self, msg):
-        if not isinstance(layer_site(msg), InducingSite):
-            return
-        run = self.guide.current_run()
-        site = self.guide.find_site(msg["name"].rsplit(".", 1)[0])
-        if run is None or site is None:
-            return
-        run.draws.setdefault(site.index, LayerDraw()).value = msg["value"]
+def _keep_draw(run: SemiImplicitRun, index: int, value) -> None:
+    """The next layer's conditional reads the final value of layer ``index``."""
+    run.draws.setdefault(index, LayerDraw()).value = value
 
 
 @register_guide("ssivi-discrete", "SSIVI whose mixing variable is uniform over 10 learned "
@@ -318,7 +304,7 @@ class SemiImplicit(LayerGuide):
         return estimators.sampled(site, x, u)
 
     def forward(self, *args, **kwargs):
-        with _RecordInducing(self):
+        with RecordFinalInducing(self, _keep_draw):
             return super().forward(*args, **kwargs)
 
 
