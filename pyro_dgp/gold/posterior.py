@@ -51,7 +51,7 @@ import torch
 
 from ..gp import DeepGP
 from ..likelihoods import Gaussian
-from ..linalg import default_jitter
+from ..linalg import cholesky, default_jitter
 from ..validation import check_inputs, check_targets
 from .target import check_gold_model, fixed_hyperparameters
 
@@ -142,11 +142,9 @@ class PosteriorTarget:
         diag = Khh.diagonal(dim1=-2, dim2=-1)
         extra = self._noise if last else default_jitter(H.dtype) * diag.mean(-1)[..., None]
         cov = Khh - A.mT @ A + torch.diag_embed(extra.expand_as(diag))
-        L, info = torch.linalg.cholesky_ex(cov)
-        if bool((info > 0).any()):
-            raise ValueError(f"layer '{layer.name}': the conditional covariance at the "
-                             "training inputs is not positive definite even with jitter "
-                             "(inputs far outside the kernel's scale?)")
+        # the nugget is already in cov (jitter 0): more only where the factor fails, with a
+        # warning, then CholeskyError naming the layer
+        L = cholesky(cov, jitter=0.0, name=f"layer '{layer.name}' at the training inputs")
         return layer.mean_function(H), A, L
 
     def _forward(self, params: Mapping[str, torch.Tensor]):

@@ -29,6 +29,7 @@ import torch
 from .. import datasets, kernels
 from ..gp import DeepGP, GPLayer
 from ..likelihoods import Gaussian
+from ..linalg import cholesky
 from ..validation import check_positive_finite
 
 __all__ = ["TWO_MODE_INPUT", "mode_masses", "two_mode_model", "two_mode_posterior_predictive"]
@@ -97,14 +98,15 @@ def two_mode_posterior_predictive(model, X: torch.Tensor, y: torch.Tensor, x_sta
     eye = torch.eye(N, dtype=X.dtype, device=X.device)
     g = torch.Generator(device=X.device).manual_seed(seed)
     with torch.no_grad():
-        L1 = torch.linalg.cholesky(first.kernel(X) + 1e-6 * eye)
+        L1 = cholesky(first.kernel(X) + 1e-6 * eye, jitter=0.0, name=first.name)
         k1s = first.kernel(X, x_star)[:, 0]
         a1 = torch.cholesky_solve(k1s[:, None], L1)[:, 0]
         v1s = first.kernel(x_star, diag=True)[0] - k1s @ a1
         log_w, loc, var = [], [], []
         for _ in range(max(1, num_draws // batch)):
             f1 = torch.randn(batch, N, generator=g, dtype=X.dtype, device=X.device) @ L1.mT
-            L2 = torch.linalg.cholesky(second.kernel(f1[..., None]) + s2 * eye)
+            L2 = cholesky(second.kernel(f1[..., None]) + s2 * eye, jitter=0.0,
+                          name=second.name)
             alpha = torch.cholesky_solve(y.expand(batch, N)[..., None], L2)[..., 0]
             log_w.append(-0.5 * (y * alpha).sum(-1) - L2.diagonal(dim1=-2, dim2=-1).log().sum(-1))
             h = f1 @ a1 + v1s.sqrt() * torch.randn(batch, generator=g, dtype=X.dtype,
