@@ -24,6 +24,7 @@ from ..guides.draws import (
     unmasked,
 )
 from ..guides.protocol import protocol_of
+from ..infer.elbo import per_draw_sum
 from ..rng import seeded
 from ..validation import check_inputs, check_positive_int
 from .compare import GuideComparisonWarning, annotate_comparison
@@ -242,22 +243,13 @@ def guide_log_density(guide, guide_trace, S: int) -> torch.Tensor:
                 f"{type(guide).__name__}: site '{name}' has no tractable log-density "
                 f"({type(fn).__name__}); the variational Pareto-k diagnostic needs log q"
             ) from err
-        terms.append(_per_draw_sum(lp, S))
+        terms.append(per_draw_sum(lp, S))
     if not terms:
         raise ValueError(f"{type(guide).__name__}: the guide sampled no global latent")
     total = torch.stack(terms).sum(0)
     if not bool(torch.isfinite(total).all()):
         raise ValueError(f"{type(guide).__name__}: log q is not finite for some draws")
     return total
-
-
-def _per_draw_sum(lp: torch.Tensor, S: int) -> torch.Tensor:
-    """Sum a log-density of batch shape ``(S, n)`` (or broadcastable) over all but draws."""
-    if lp.dim() == 0:
-        return lp.expand(S)
-    if lp.dim() == 1:  # (n,) without the sample dim: the same for every draw
-        return lp.sum().expand(S)
-    return lp.sum(-1).reshape(-1).expand(S)
 
 
 def variational_pareto_k(model, guide, X: torch.Tensor, y: torch.Tensor, *,
@@ -333,7 +325,7 @@ def _model_log_terms(model_trace, guide_trace, S: int) -> list[torch.Tensor]:
             lp = site["fn"].log_prob(site["value"])
         else:
             continue
-        terms.append(site["scale"] * _per_draw_sum(lp, S))
+        terms.append(site["scale"] * per_draw_sum(lp, S))
     return terms
 
 

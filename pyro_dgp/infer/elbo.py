@@ -47,9 +47,19 @@ __all__ = ["AnalyticKL_ELBO", "LossFromDifferentiable", "ReparamTrace_ELBO", "lo
            "model_and_guide_traces", "plated_traces", "single_pass"]
 
 
-def _masked_out(site: dict) -> bool:
+def masked_out(site: dict) -> bool:
+    """Whether a trace site is masked out entirely (its mask, or its distribution's, is
+    ``False``): it contributes no log-density."""
     fn = site["fn"]
     return site["mask"] is False or (isinstance(fn, MaskedDistribution) and fn._mask is False)
+
+
+def per_draw_sum(lp: torch.Tensor, S: int) -> torch.Tensor:
+    """``(S,)``: a log-density of batch shape ``(S, n)`` (or broadcastable) summed over all
+    but the draws' dim; one without the draws' dim (``()`` or ``(n,)``) is every draw's."""
+    if lp.dim() < 2:
+        return lp.sum().expand(S)
+    return lp.sum(-1).reshape(-1).expand(S)
 
 
 def log_prob_sum(site: dict) -> torch.Tensor:
@@ -184,7 +194,7 @@ class AnalyticKL_ELBO(TraceMeanField_ELBO):  # noqa: N801 (Pyro's naming of ELBO
     def _elbo_particle(self, model_trace, guide_trace) -> torch.Tensor:
         elbo = 0.0
         for name, site in model_trace.nodes.items():
-            if site["type"] != "sample" or _masked_out(site):
+            if site["type"] != "sample" or masked_out(site):
                 continue
             if site["is_observed"]:
                 elbo = elbo + self._observed_term(site)

@@ -35,13 +35,12 @@ from __future__ import annotations
 import math
 
 import torch
-from pyro.distributions.torch_distribution import MaskedDistribution
 from pyro.distributions.util import scale_and_mask
 
 from ..guides.protocol import protocol_of
 from ..likelihoods.marginal import importance_weights
 from ..validation import check_positive_int
-from .elbo import LossFromDifferentiable, plated_traces
+from .elbo import LossFromDifferentiable, masked_out, per_draw_sum, plated_traces
 
 __all__ = ["MIXTURE_PLATE", "SIWAE", "StratifiedELBO", "component_log_weights"]
 
@@ -56,17 +55,10 @@ def check_mixture(guide, where: str):
     return guide
 
 
-def _masked_out(site: dict) -> bool:
-    fn = site["fn"]
-    return site["mask"] is False or (isinstance(fn, MaskedDistribution) and fn._mask is False)
-
-
 def _per_draw(site: dict, S: int) -> torch.Tensor:
     """``(S,)`` a site's scaled and masked log-density summed over all but the draws' dim."""
     lp = scale_and_mask(site["fn"].log_prob(site["value"]), site["scale"], site["mask"])
-    if not torch.is_tensor(lp) or lp.dim() < 2:  # outside the draws' plate: every draw's
-        return torch.as_tensor(lp).sum().expand(S)
-    return lp.sum(-1).reshape(-1).expand(S)
+    return per_draw_sum(torch.as_tensor(lp), S)
 
 
 def _log_weights(model_trace, guide_trace, S: int) -> torch.Tensor:
@@ -75,7 +67,7 @@ def _log_weights(model_trace, guide_trace, S: int) -> torch.Tensor:
     total = 0.0
     for trace, sign in ((model_trace, 1.0), (guide_trace, -1.0)):
         for site in trace.nodes.values():
-            if site["type"] != "sample" or _masked_out(site):
+            if site["type"] != "sample" or masked_out(site):
                 continue
             if sign < 0 and site["is_observed"]:
                 continue
