@@ -18,6 +18,7 @@ __all__ = [
     "check_targets",
     "check_positive_finite",
     "pyro_name",
+    "rename_pyro_module",
     "check_positive_int",
     "labels_like",
     "model_dtype_device",
@@ -51,6 +52,14 @@ def pyro_name(module) -> str:
     the private ``_pyro_name`` and offers no public accessor: this is the one place that
     reads it."""
     return getattr(module, "_pyro_name", "") or ""
+
+
+def rename_pyro_module(module, name: str) -> None:
+    """Give the ``PyroModule`` ``module`` the parameter prefix ``name`` (its own, not its
+    children's: rename each module of a tree). Pyro sets the prefix only at construction and
+    when a module is assigned to a parent, with no public way to give a copy its own: this is
+    the one place that writes it, beside :func:`pyro_name`."""
+    module._pyro_name = name
 
 
 def check_dtype(t: torch.Tensor, label: str) -> None:

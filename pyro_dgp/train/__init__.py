@@ -4,11 +4,14 @@ checkpoints, CUDA graphs and data-parallel steps) and saved fits.
 The objectives it optimises are in :mod:`pyro_dgp.infer`; this package sits above them.
 """
 
+from .result import Restart, Restarts
 from .saved import load_fit, register_model, save_fit
 from .training import FitResult, StepInfo, TrainingDivergedError, TrainingInstabilityWarning, fit
 
 __all__ = [
     "FitResult",
+    "Restart",
+    "Restarts",
     "StepInfo",
     "TrainingDivergedError",
     "TrainingInstabilityWarning",

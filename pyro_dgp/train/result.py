@@ -1,11 +1,14 @@
-"""What :func:`~pyro_dgp.fit` returns, and the error of a run whose loss became NaN or inf."""
+"""What :func:`~pyro_dgp.fit` returns (:class:`Restarts` with ``restarts=R``), and the error
+of a run whose loss became NaN or inf."""
 
 from __future__ import annotations
 
+import importlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["FitResult", "TrainingDivergedError"]
+__all__ = ["FitResult", "Restart", "Restarts", "TrainingDivergedError"]
 
 
 class TrainingDivergedError(FloatingPointError):
@@ -52,3 +55,72 @@ class FitResult:
         return (f"FitResult(num_steps={self.num_steps}, final_elbo={self.final_elbo:.6g} "
                 f"(se {self.final_elbo_stderr:.2g}), last loss={last}, "
                 f"seconds={self.seconds:.1f}, resumed_from={self.resumed_from}{extra})")
+
+
+@dataclass(frozen=True)
+class Restart:
+    """One of :class:`Restarts`: its trained ``model`` and ``guide`` (the guide a guide of this
+    very model), its :class:`FitResult` and the ``seed`` it ran from (``None``: its
+    checkpoint's, on resume)."""
+
+    model: object
+    guide: object
+    result: FitResult
+    seed: int | None
+
+
+@dataclass
+class Restarts(Sequence):
+    """What ``fit(..., restarts=R)`` returns: ``R`` independent fits, restart ``k`` from seed
+    ``seed + k`` (:mod:`pyro_dgp.train.restarts`). A sequence of :class:`Restart`;
+    ``restarts[0]`` holds the model and guide given to ``fit``, trained in place.
+
+    Nothing is shared between the restarts: each has its own model (kernel, likelihood and
+    inducing inputs, learned per restart) and guide, under parameter names of its own."""
+
+    runs: list[Restart]
+
+    def __getitem__(self, k):
+        return self.runs[k]
+
+    def __len__(self) -> int:
+        return len(self.runs)
+
+    @property
+    def pairs(self) -> list[tuple]:
+        """``[(model, guide), ...]`` of every restart, as :func:`pyro_dgp.stack` takes them."""
+        return [(run.model, run.guide) for run in self.runs]
+
+    @property
+    def final_elbos(self) -> list[float]:
+        """Each restart's ``FitResult.final_elbo``, in order."""
+        return [run.result.final_elbo for run in self.runs]
+
+    @property
+    def best(self) -> Restart:
+        """The restart of the highest final ELBO (the first of equal ones).
+
+        :raises ValueError: no restart has a final ELBO (``final_elbo_particles=0``)."""
+        scored = [(elbo, k) for k, elbo in enumerate(self.final_elbos) if not math.isnan(elbo)]
+        if not scored:
+            raise ValueError("Restarts.best compares the restarts' final ELBOs, which were not "
+                             "evaluated: fit with final_elbo_particles > 0")
+        return self.runs[max(scored, key=lambda pair: (pair[0], -pair[1]))[1]]
+
+    def stack(self, X_val=None, y_val=None, *, X=None, y=None, num_samples: int = 100,
+              seed: int | None = 0):
+        """The restarts combined by stacking into one mixture predictive:
+        :func:`pyro_dgp.stack` of :attr:`pairs`, the weights from held-out points ``X_val
+        (N, D)``, ``y_val (N,)``, or from PSIS-LOO at the training data ``X=``, ``y=``.
+
+        :returns: :class:`~pyro_dgp.diagnostics.ensemble.Stacked`.
+        """
+        # diagnostics sits beside train in the layers (neither imports the other): looked up
+        # when called, as pyro_dgp.infer looks up the training engine
+        stack = importlib.import_module("pyro_dgp.diagnostics").stack
+        return stack(self.pairs, X_val, y_val, X=X, y=y, num_samples=num_samples, seed=seed)
+
+    def __repr__(self) -> str:
+        elbos = ", ".join(f"{e:.6g}" for e in self.final_elbos)
+        return f"Restarts({len(self)} fits, seeds={[r.seed for r in self.runs]}, " \
+               f"final_elbos=[{elbos}])"

@@ -51,6 +51,12 @@ problem's size, :func:`~pyro_dgp.train.threads.threads_for`). ``distributed``: d
 over torchrun's processes (:mod:`pyro_dgp.train.distributed`; without validation or
 callbacks). ``cuda_graph``: each step after the first replayed from a CUDA graph of the
 objective and its gradient (:mod:`pyro_dgp.train.cuda_graph` says what it needs).
+
+**Restarts.** ``restarts=R`` trains ``R`` independent fits of the model and guide, restart
+``k`` from seed ``seed + k`` (restart 0 the plain fit, on the objects given; the others on
+renamed copies that share no parameter), one after another or in ``jobs`` processes, and
+returns :class:`~pyro_dgp.train.result.Restarts`, whose ``.stack(X_val, y_val)`` combines them
+with :func:`pyro_dgp.stack` (:mod:`pyro_dgp.train.restarts`).
 """
 
 from __future__ import annotations
@@ -88,7 +94,8 @@ from .monitor import (
     validation_loss,
 )
 from .optim import make_optimizer, parameters_of, resolve_lr_schedule, warn_if_taken_from_store
-from .result import FitResult, TrainingDivergedError
+from .restarts import fit_restarts
+from .result import FitResult, Restarts, TrainingDivergedError
 from .threads import num_threads, step_work, threads_for
 from .trainer import Trainer, resume_state
 
@@ -101,15 +108,15 @@ __all__ = ["FitResult", "StepInfo", "TrainingDivergedError", "TrainingInstabilit
 def fit(
     model, guide, X, y: torch.Tensor | None = None, *, num_steps: int = 1000,
     batch_size: int | None = None, lr: float = 0.01, objective="auto", seed: int | None = 0,
-    num_particles: int | None = None, progress: bool | int = True,
-    checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 500,
+    num_particles: int | None = None, progress: bool | int = True, restarts: int | None = None,
+    checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 500, jobs: int | str = 1,
     resume: bool = False, optimizer: type[torch.optim.Optimizer] = torch.optim.Adam,
     lr_schedule: str | Callable[[int, int], float] | None = None, lr_decay: float | None = None,
     final_elbo_particles: int = 8, threads: int | None = None, natural_gradient=None,
     alpha: float = 0.5, distributed: bool = False, cuda_graph=False,
     validation=None, patience: int | None = None, validate_every: int | None = None,
     callbacks: Sequence[Callable[[StepInfo], bool | None]] | None = None, callback_every: int = 1,
-) -> FitResult:
+) -> FitResult | Restarts:
     """Train ``guide`` (and the model's hyperparameters) by SVI (module docstring: more).
 
     :param X: ``(N, D)`` inputs (a tensor, a NumPy array, or data read row by row);
@@ -123,23 +130,25 @@ def fit(
         written every ``checkpoint_every`` steps and more (module docstring); ``resume=True``.
     :param lr_schedule: ``"cosine"`` (default), ``"exponential"``, ``"constant"`` or
         ``(step, num_steps) -> factor``; :param lr_decay: the last step's rate over ``lr``.
-    :param progress: a bar on a terminal, else a line every tenth of the run; ``k``: a line
-        every ``k`` steps; ``False``: nothing.
+    :param progress: a bar on a terminal, else a line every tenth of the run; ``k``: every k.
     :param validation: ``(X_val, y_val)`` or ``(model, guide) -> loss``: early stopping after
         ``patience`` evaluations (every ``validate_every`` steps) without a better one, the
-        best parameters restored. :param callbacks: functions of a
-        :class:`~pyro_dgp.train.monitor.StepInfo`, every ``callback_every`` steps; a true
-        return value stops the run.
+        best parameters restored. :param callbacks: functions of a ``StepInfo``, every
+        ``callback_every`` steps; a true return value stops the run.
     :param final_elbo_particles: draws of ``FitResult.final_elbo`` (0: not evaluated).
     :param natural_gradient: ``None``, or the step size ``gamma`` (or a schedule) of
         natural-gradient steps on the guide's Gaussian ``q(u)`` (:mod:`.natgrad`).
     :param threads: torch's intra-op threads during the fit (``None``: by the problem's size).
     :param distributed: data-parallel (:mod:`.distributed`). :param cuda_graph: on a GPU,
         replay each step from a CUDA graph (:mod:`.cuda_graph`).
+    :param restarts: ``R`` fits from seeds ``seed + k``: :class:`Restarts` (:mod:`.restarts`);
+        :param jobs: processes that train them (``"auto"``: by cores).
     :raises TrainingDivergedError: on a NaN/inf loss or a Cholesky failure, after restoring
         the last good parameters and writing the checkpoint.
     :warns TrainingInstabilityWarning: the smoothed loss rose far above its best (once a run).
     """
+    if restarts is not None or jobs != 1:  # R fits from seeds seed, seed + 1, ...
+        return fit_restarts(fit, **locals())
     objective, num_particles = check_options(objective, lr, lr_decay, num_particles, seed,
                                              optimizer, final_elbo_particles, threads)
     schedule = resolve_lr_schedule(lr_schedule, lr_decay)
@@ -147,9 +156,7 @@ def fit(
     watch = check_watchers(model, X, validation, patience, validate_every, callbacks,
                            callback_every, progress, num_steps, distributed)
     check_guide_of(model, guide, "fit")
-    if cuda_graph:
-        check_graph_options(X.device if isinstance(X, torch.Tensor) else
-                            model_dtype_device(model)[1], natural_gradient, distributed)
+    _check_cuda_graph(cuda_graph, model, X, natural_gradient, distributed)
     batches, parallel = _batches(model, X, y, B, distributed, objective, natural_gradient)
     with num_threads(_threads(threads, model, batches, num_particles)):
         return _fit(model, guide, batches, parallel, num_steps=num_steps, lr=lr,
@@ -158,6 +165,12 @@ def fit(
                     resume=resume, optimizer=optimizer, schedule=schedule, alpha=alpha,
                     final_elbo_particles=final_elbo_particles, cuda_graph=cuda_graph,
                     natural_gradient=natural_gradient, watchers=watch)
+
+
+def _check_cuda_graph(cuda_graph, model, X, natural_gradient, distributed: bool) -> None:
+    if cuda_graph:
+        check_graph_options(X.device if isinstance(X, torch.Tensor) else
+                            model_dtype_device(model)[1], natural_gradient, distributed)
 
 
 def _watchers(model, guide, elbo, batches: Batches, seed, progress, validation, patience,
