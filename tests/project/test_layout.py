@@ -68,9 +68,11 @@ THIRD_PARTY_PRIVATES = {
     "_unconstrained_shapes": "Pyro AutoNormal's shapes of its sites (no public accessor)",
     "_get_loc_and_scale": "Pyro AutoNormal's loc and scale of a site in constrained space",
     "_mask": "Pyro MaskedDistribution's mask (False: the site is masked out entirely)",
+    "_model": "Pyro AutoGuide's model, which its __getstate__ drops on every copy (no setter)",
 }
 #: the third-party privates read in one module only: the helper that wraps them
-READ_ONLY_IN = {"_pyro_name": "pyro_dgp/validation.py"}
+READ_ONLY_IN = {"_pyro_name": "pyro_dgp/validation.py",
+                "_model": "pyro_dgp/guides/families/completed.py"}
 
 
 def _defined_here(tree: ast.AST) -> set[str]:

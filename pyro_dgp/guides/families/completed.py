@@ -95,6 +95,16 @@ class Completed(LayerGuide):
         super().__init__(model, name=name)
         self.inner = inner
         self._inner_ready = False
+        # the autoguide's model, held here too: copied and pickled with this guide
+        self._inner_model = (inner.model,) if isinstance(inner, autoguide.AutoGuide) else None
+
+    def _restore_inner_model(self) -> None:
+        """Give a Pyro autoguide back its model: ``AutoGuide.__getstate__`` drops it, from the
+        original as well as the copy, whenever the guide is copied or pickled
+        (``copy.deepcopy((model, guide))``), and Pyro offers no public way to set it. A copy
+        gets the model copied with it, the original its own."""
+        if self._inner_model is not None:
+            self.inner._model = self._inner_model
 
     def export_attrs(self) -> dict[str, str | int]:
         inner = type(self.inner).__name__
@@ -109,6 +119,7 @@ class Completed(LayerGuide):
         as the default (so their initial values are drawn in it, whatever the user's default),
         then moved to the model's device."""
         ref = self.layer_sites[0].layer.inducing_points
+        self._restore_inner_model()
         with torch.no_grad(), poutine.block(), default_dtype(ref.dtype):
             self.inner(*args, **kwargs)
         if isinstance(self.inner, torch.nn.Module):
@@ -154,6 +165,7 @@ class Completed(LayerGuide):
         """Draws the inner guide's sites for this run (its density sits on them)."""
         if not self._inner_ready:
             self._prepare_inner(*args, **kwargs)
+        self._restore_inner_model()
         trace = poutine.trace(self.inner).get_trace(*args, **kwargs)
         values = {
             n: s["value"]
