@@ -8,7 +8,8 @@ Gelman 2022 for fits that sit in different modes and do not mix).
 ``log p_j(y_n)`` either at held-out validation points or, without them, each fit's PSIS-LOO
 estimate at its training points (:func:`~pyro_dgp.diagnostics.loo`). Nothing is shared between
 the fits: each keeps its own model (kernel, likelihood and inducing inputs, learned per fit)
-and its own guide; only their predictives are mixed.
+and its own guide; only their predictives are mixed. ``fit(model, guide, X, y,
+restarts=R).stack(X_val, y_val)`` stacks ``R`` restarts of one fit from ``R`` seeds.
 """
 
 from __future__ import annotations

@@ -120,3 +120,40 @@ def test_fit_names_the_bad_setting(fitted, kwargs, error, match):
     model, guide, X, y = fitted
     with pytest.raises(error, match=match):
         dgp.fit(model, guide, X, y, num_steps=2, progress=False, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"restarts": 0}, ValueError, "restarts must be a positive integer, got 0"),
+    ({"restarts": 2.5}, ValueError, "restarts must be a positive integer, got 2.5"),
+    ({"restarts": "3"}, TypeError, "restarts must be a positive integer, got '3'"),
+    ({"restarts": True}, TypeError, "restarts must be a positive integer, got True"),
+    ({"restarts": 2, "jobs": 0}, ValueError, "jobs must be a positive integer, got 0"),
+    ({"restarts": 2, "jobs": "many"}, ValueError, "jobs must be a positive integer or 'auto'"),
+    ({"jobs": 2}, ValueError, r"jobs=2 sets the processes that train restarts: pass restarts"),
+    ({"restarts": 2, "checkpoint": "fit.pt"}, ValueError,
+     r"checkpoint='fit.pt' with restarts=2: every restart would write that one file; put the "
+     r"field '\{restart\}'"),
+    ({"restarts": 2, "distributed": True}, ValueError,
+     "restarts is not available with distributed=True"),
+    ({"restarts": 2, "seed": 2**32 - 1}, ValueError,
+     "seed=4294967295 with restarts=2: restart k runs from seed \\+ k"),
+    ({"restarts": 2, "seed": -1}, ValueError, "seed must be a non-negative integer, got -1"),
+])
+def test_fit_names_the_bad_restarts_setting(fitted, kwargs, error, match):
+    model, guide, X, y = fitted
+    with pytest.raises(error, match=match):
+        dgp.fit(model, guide, X, y, num_steps=2, progress=False, **kwargs)
+
+
+def test_restarts_refuse_a_guide_set_up_on_random_hyperparameters_sites(fitted):
+    """A copy's ``PyroSample`` sites are named after its renamed module, so an autoguide that
+    has run on the original's sites would not cover them."""
+    model, _, X, y = fitted
+    kernel = model.layers[0].kernel
+    kernel.lengthscale = pyro.nn.PyroSample(
+        pyro.distributions.LogNormal(torch.zeros(1, dtype=DT), 1.0).to_event(1))
+    guide = dgp.complete(pyro.infer.autoguide.AutoNormal, model)
+    guide(X, y)
+    with pytest.raises(ValueError, match="random hyperparameters .* pass a guide that has not "
+                                         "run yet"):
+        dgp.fit(model, guide, X, y, num_steps=2, progress=False, restarts=2)

@@ -103,7 +103,7 @@ def test_best_needs_final_elbos(data):
     runs = dgp.fit(model, guide, data.X_train, data.y_train, restarts=2,
                    final_elbo_particles=0, **FAST)
     with pytest.raises(ValueError, match="final_elbo_particles > 0"):
-        runs.best
+        _ = runs.best
 
 
 @pytest.mark.slow
