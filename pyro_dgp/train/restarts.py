@@ -24,8 +24,11 @@ unless ``threads`` is given), which send back each trained pair's ``state_dict``
 ``torch.load(weights_only=True)``) and ``FitResult``; ``jobs="auto"`` takes one process per
 CPU core the process may use, up to ``R`` (on a GPU: 1). The model, guide, data and options
 travel to the workers by pickle, so they must be picklable (callbacks functions of a module,
-not lambdas); with ``jobs > 1`` only restart 0 shows progress. A run with the same thread
-count gives the same parameters in a worker as in this process.
+not lambdas), and a script must start under ``if __name__ == "__main__":`` (each spawned
+process imports it); with ``jobs > 1`` only restart 0 shows progress. A run with the same
+thread count gives the same parameters in a worker as in this process. Each worker is a
+fresh Python process that imports the package before it trains, so ``jobs > 1`` pays for
+restarts that run long against that start, on cores that are otherwise idle.
 
 **Checkpoints.** ``checkpoint`` must hold the field ``"{restart}"`` (``"fit-{restart}.pt"``),
 replaced by each restart's number, so that no two restarts write one file; ``resume=True``
