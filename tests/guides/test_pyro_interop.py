@@ -87,6 +87,20 @@ def test_trained_model_and_guide_copy_pickle_and_save_to_the_same_predictions(
     _train(model, guide, X, y, 1)  # the original still trains after being copied
 
 
+@pytest.mark.parametrize("how", ["deepcopy", "pickle", "torch.save"])
+def test_a_completed_autoguide_that_has_not_run_still_runs_after_a_copy(data, how):
+    """Pyro's ``AutoGuide.__getstate__`` drops the autoguide's model, from the original too:
+    a completed guide copied before its first call then failed there, the original as well."""
+    X, y, _ = data
+    model = _model(X, y)
+    guide = GUIDES["autonormal"](model)
+    m2, g2 = _round_trips()[how]((model, guide))
+    _train(m2, g2, X, y, 1)  # (shares the original's parameters by name: Pyro's store)
+    assert g2.inner.model.args[-1].model is m2  # the autoguide's InducingOnly of the copy
+    _train(model, guide, X, y, 1)
+    assert guide.inner.model.args[-1].model is model
+
+
 @pytest.mark.parametrize("gname", ["meanfield", "chain"])
 def test_deepcopy_snapshot_with_module_local_params_is_independent(data, gname):
     """With module-local parameters a deepcopy taken after training is a snapshot: same
