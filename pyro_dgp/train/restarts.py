@@ -41,6 +41,7 @@ from __future__ import annotations
 import copy
 import io
 import os
+import pickle
 from concurrent.futures import ProcessPoolExecutor
 
 import pyro
@@ -187,11 +188,12 @@ def _fresh_name(base: str, taken: set[str]) -> str:
 def _fit_in_workers(fit, pairs: list[tuple], X, y, runs: list[dict], workers: int) -> list:
     """Restart 0 in this process, the others in ``workers - 1`` spawned processes; each
     worker's trained state is loaded into this process's copy of its pair."""
+    payloads = [_payload(k, fit, m, g, X, y, dict(run, progress=False,
+                                                   threads=run["threads"] or 1))
+                for k, ((m, g), run) in enumerate(zip(pairs, runs, strict=True)) if k > 0]
     context = torch.multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers - 1, mp_context=context) as pool:
-        futures = [pool.submit(_train_in_worker, fit, m, g, X, y,
-                               dict(run, progress=False, threads=run["threads"] or 1))
-                   for (m, g), run in zip(pairs[1:], runs[1:], strict=True)]
+        futures = [pool.submit(_train_in_worker, payload) for payload in payloads]
         try:
             results = [fit(*pairs[0], X, y, **runs[0])]
             for (model, guide), future in zip(pairs[1:], futures, strict=True):
@@ -203,10 +205,24 @@ def _fit_in_workers(fit, pairs: list[tuple], X, y, runs: list[dict], workers: in
     return results
 
 
-def _train_in_worker(fit, model, guide, X, y, run: dict) -> tuple:
-    """In a worker process: one restart, one torch thread by default; returns ``(model's
-    state_dict, guide's state_dict, as bytes; FitResult; the model's num_data)``."""
+def _payload(k: int, fit, model, guide, X, y, run: dict) -> bytes:
+    """Restart ``k``'s work for a worker, pickled here and now: by value (the tensors copied,
+    not moved to shared memory under a restart this process trains meanwhile)."""
+    try:
+        return pickle.dumps((fit, model, guide, X, y, run), protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError) as error:
+        raise TypeError(
+            f"jobs > 1 sends restart {k}'s model, guide, data and options to a worker process "
+            f"by pickle, which failed ({error}); define callbacks and validation functions at "
+            "a module's top level (not lambdas or local functions), or pass jobs=1") from None
+
+
+def _train_in_worker(payload: bytes) -> tuple:
+    """In a worker process: one restart (:func:`_payload`), one torch thread by default;
+    returns ``(model's state_dict, guide's state_dict, as bytes; FitResult; the model's
+    num_data)``."""
     torch.set_num_threads(1)
+    fit, model, guide, X, y, run = pickle.loads(payload)  # from this package's parent process
     result = fit(model, guide, X, y, **run)
     return (_to_bytes(model.state_dict()), _to_bytes(guide.state_dict()), result,
             getattr(model, "num_data", None))

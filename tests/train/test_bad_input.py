@@ -138,6 +138,9 @@ def test_fit_names_the_bad_setting(fitted, kwargs, error, match):
     ({"restarts": 2, "seed": 2**32 - 1}, ValueError,
      "seed=4294967295 with restarts=2: restart k runs from seed \\+ k"),
     ({"restarts": 2, "seed": -1}, ValueError, "seed must be a non-negative integer, got -1"),
+    ({"restarts": 2, "jobs": 2, "callbacks": [lambda info: None]}, TypeError,
+     "jobs > 1 sends restart 1's model, guide, data and options to a worker process by pickle, "
+     "which failed .*pass jobs=1"),
 ])
 def test_fit_names_the_bad_restarts_setting(fitted, kwargs, error, match):
     model, guide, X, y = fitted
