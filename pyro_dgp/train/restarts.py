@@ -146,9 +146,10 @@ def independent_copy(model, guide) -> tuple:
     random = random_hyperparameters(model) if isinstance(model, torch.nn.Module) else {}
     if random and protocol_of(guide).is_set_up:
         raise ValueError(
-            f"restarts: the model has random hyperparameters {random}, whose site names follow "
-            "their module's name, which each restart's copy changes; the guide has already "
-            "run on the original's sites: pass a guide that has not run yet")
+            f"independent_copy (each restart of fit(restarts=R) but the first): the model has "
+            f"random hyperparameters {random}, whose site names follow their module's name, "
+            "which the copy's new name changes, and the guide has already run on the "
+            "original's sites: pass a guide that has not run yet")
     model_copy, guide_copy = copy.deepcopy((model, guide))
     modules = _pyro_modules(model_copy, guide_copy)
     for module in modules:

@@ -98,7 +98,8 @@ class Restarts(Sequence):
 
     @property
     def best(self) -> Restart:
-        """The restart of the highest final ELBO (the first of equal ones).
+        """The restart of the highest final ELBO (the first of equal ones; each estimate has
+        its Monte Carlo error, ``FitResult.final_elbo_stderr``, which this does not weigh).
 
         :raises ValueError: no restart has a final ELBO (``final_elbo_particles=0``)."""
         scored = [(elbo, k) for k, elbo in enumerate(self.final_elbos) if not math.isnan(elbo)]
