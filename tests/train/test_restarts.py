@@ -51,6 +51,18 @@ def test_one_restart_is_the_plain_fit_bit_for_bit(data):
 
 
 @pytest.mark.parametrize("family", ["meanfield", "autonormal"])
+def test_restart_k_is_the_plain_fit_from_seed_plus_k(data, family):
+    """A renamed copy computes what the original would: restart 1 of seed 3 equals a plain
+    fit of the same start from seed 4."""
+    model, guide = _pair(data, family)
+    runs = dgp.fit(model, guide, data.X_train, data.y_train, seed=3, restarts=2, **FAST)
+    model, guide = _pair(data, family)
+    plain = dgp.fit(model, guide, data.X_train, data.y_train, seed=4, **FAST)
+    assert runs[1].seed == 4 and runs[1].result.losses == plain.losses
+    assert _same(_state(runs[1].model, runs[1].guide), _state(model, guide))
+
+
+@pytest.mark.parametrize("family", ["meanfield", "autonormal"])
 def test_restarts_train_copies_of_their_own(data, family):
     """Each restart's guide is a guide of its own model, under names no other restart has,
     the restarts end apart, and training one moves no other."""
