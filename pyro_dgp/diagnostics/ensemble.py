@@ -71,8 +71,9 @@ def stack(fits: Sequence, X_val=None, y_val=None, *, X=None, y=None, num_samples
     docstring): ``stack([guide_a, guide_b], X_val, y_val).predict(X_test)``.
 
     :param fits: the trained guides (each a guide of the library knows its model), or
-        ``(model, guide)`` pairs; one family or several, each fit with its own model instance
-        and hyperparameters. At least one; all of the same input dimension.
+        ``(model, guide)`` pairs, or what ``fit(..., restarts=R)`` returns; one family or
+        several, each fit with its own model instance and hyperparameters. At least one; all
+        of the same input dimension.
     :param X_val, y_val: ``(N, D)`` and ``(N,)`` held-out points: the weights maximise the
         stacked log predictive density there.
     :param X, y: instead of validation data, the training data of every fit: the weights then
@@ -125,6 +126,8 @@ def _pairs(fits) -> list[tuple]:
     for j, fit in enumerate(fits):
         if isinstance(fit, tuple | list) and len(fit) == 2:
             model, guide = fit
+        elif getattr(fit, "guide", None) is not None:  # a record of a fit (Restart)
+            model, guide = fit.model, fit.guide
         elif getattr(fit, "model", None) is not None:
             model, guide = fit.model, fit
         else:

@@ -1,5 +1,5 @@
 """``fit(..., restarts=R)``: ``R`` independent fits of one model and guide from ``R`` seeds,
-for :func:`pyro_dgp.stack` to combine into one mixture posterior (``Restarts.stack``).
+for :func:`pyro_dgp.stack` to combine into one mixture posterior: ``stack(restarts, X_val, y_val)``.
 
 **Seeds.** Restart ``k`` runs from seed ``seed + k``, so restart 0 is exactly the plain
 ``fit(..., seed=seed)``; ``seed=None`` draws the first seed from torch's global random stream

@@ -3,7 +3,6 @@ of a run whose loss became NaN or inf."""
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -88,7 +87,8 @@ class Restarts(Sequence):
 
     @property
     def pairs(self) -> list[tuple]:
-        """``[(model, guide), ...]`` of every restart, as :func:`pyro_dgp.stack` takes them."""
+        """``[(model, guide), ...]`` of every restart. :func:`pyro_dgp.stack` takes these, or
+        the :class:`Restarts` itself: ``pyro_dgp.stack(restarts, X_val, y_val)``."""
         return [(run.model, run.guide) for run in self.runs]
 
     @property
@@ -107,19 +107,6 @@ class Restarts(Sequence):
             raise ValueError("Restarts.best compares the restarts' final ELBOs, which were not "
                              "evaluated: fit with final_elbo_particles > 0")
         return self.runs[max(scored, key=lambda pair: (pair[0], -pair[1]))[1]]
-
-    def stack(self, X_val=None, y_val=None, *, X=None, y=None, num_samples: int = 100,
-              seed: int | None = 0):
-        """The restarts combined by stacking into one mixture predictive:
-        :func:`pyro_dgp.stack` of :attr:`pairs`, the weights from held-out points ``X_val
-        (N, D)``, ``y_val (N,)``, or from PSIS-LOO at the training data ``X=``, ``y=``.
-
-        :returns: :class:`~pyro_dgp.diagnostics.ensemble.Stacked`.
-        """
-        # diagnostics sits beside train in the layers (neither imports the other): looked up
-        # when called, as pyro_dgp.infer looks up the training engine
-        stack = importlib.import_module("pyro_dgp.diagnostics").stack
-        return stack(self.pairs, X_val, y_val, X=X, y=y, num_samples=num_samples, seed=seed)
 
     def __repr__(self) -> str:
         elbos = ", ".join(f"{e:.6g}" for e in self.final_elbos)

@@ -88,7 +88,7 @@ def test_restarts_differ_and_stack_into_one_mixture(data):
     elbos = runs.final_elbos
     assert len(set(elbos)) == 3 and all(math.isfinite(e) for e in elbos)
     assert runs.best.result.final_elbo == max(elbos)
-    stacked = runs.stack(data.X_test, data.y_test, num_samples=16)
+    stacked = dgp.stack(runs, data.X_test, data.y_test, num_samples=16)
     assert isinstance(stacked, dgp.diagnostics.ensemble.Stacked)
     assert stacked.fits == runs.pairs and stacked.method == "validation"
     assert torch.isclose(stacked.weights.sum(), torch.tensor(1.0, dtype=DT))
