@@ -13,8 +13,8 @@ import torch
 from pyro.distributions import constraints
 
 from .base import GuideRun, LayerGuide
-from .protocol import protocol_of
 from .joint import JointGaussian
+from .protocol import protocol_of
 from .prototype import LayerSite
 
 __all__ = ["MixtureInducing", "MixtureRun", "component_log_q", "keep_value", "starts_of_guides"]
