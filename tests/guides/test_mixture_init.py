@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from known_answers import split_layers
 from torch.distributions import Categorical, MixtureSameFamily, MultivariateNormal
 
 import pyro_dgp as dgp
@@ -26,16 +27,6 @@ def _fits(model, X, y, seeds):
     return guides
 
 
-def _layer_values(guide, v):
-    """Split joint values ``(..., T)`` into the layers' ``(..., D, M)``."""
-    out, lo = [], 0
-    for site in (guide.site(name) for name in guide.layer_names):
-        n = site.shape.numel()
-        out.append(v[..., lo:lo + n].reshape(v.shape[:-1] + site.shape))
-        lo += n
-    return out
-
-
 def _source_mixture(guides, weights):
     qs = [g.q() for g in guides]
     components = MultivariateNormal(torch.stack([q.loc for q in qs]),
@@ -52,11 +43,11 @@ def test_a_mixture_started_at_fits_is_the_mixture_of_their_q():
     assert mixture.num_components == 3
     v = torch.cat([g.q().sample((4,)) for g in sources])  # draws near each component
     uniform = _source_mixture(sources, torch.full((3,), 1 / 3, dtype=DT))
-    torch.testing.assert_close(mixture.log_q(_layer_values(mixture, v)).detach(),
+    torch.testing.assert_close(mixture.log_q(split_layers(mixture, v)).detach(),
                                uniform.log_prob(v), rtol=1e-9, atol=1e-9)
     weights = torch.tensor([0.5, 0.3, 0.2], dtype=DT)
     mixture.set_weights(weights)
-    torch.testing.assert_close(mixture.log_q(_layer_values(mixture, v)).detach(),
+    torch.testing.assert_close(mixture.log_q(split_layers(mixture, v)).detach(),
                                _source_mixture(sources, weights).log_prob(v),
                                rtol=1e-9, atol=1e-9)
     # the sources' parameters are theirs: the mixture's are copies
