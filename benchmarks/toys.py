@@ -50,12 +50,14 @@ from pyro_dgp.guides.registry import make_guide
 from pyro_dgp.prediction import MixturePredictive, predict
 from pyro_dgp.train.training import fit
 
-__all__ = ["GAUSSIAN", "TOYS", "build_parser", "main", "run_toy"]
+__all__ = ["GAUSSIAN", "GUIDES", "TOYS", "build_parser", "main", "run_toy"]
 
 DT = torch.float64
 #: toy -> (builder, grid half-width, allowed distance of each mode's share from the gold's mass)
 TOYS = {"two_mode": (gold.two_mode_model, 1.5, 0.15),
         "symmetric": (gold.symmetric_model, 1.5, 0.35)}
+#: the guides of ``--guides`` (the MeanField fits always run)
+GUIDES = ("coupled", "chain", "mixture", "ssivi-tril-init", "mixture-fits", "stack-fits")
 #: the single Gaussian guides whose ``w1`` the goal must beat
 GAUSSIAN = ("meanfield", "coupled", "chain")
 
@@ -140,7 +142,8 @@ def _scores(model, guide_or_stack, X, grid, reference, ref_pred, ref_first, args
 
 
 def _guides(model, X, y, args) -> list[tuple[str, object, dict]]:
-    """Every guide of the module docstring, trained: ``(name, guide, figures)``."""
+    """Every guide of the module docstring in ``args.guides``, trained: ``(name, guide,
+    figures)``; the MeanField fits always (every further guide reads them)."""
     out = []
     fits = []
     for k in range(args.fits):
@@ -149,13 +152,38 @@ def _guides(model, X, y, args) -> list[tuple[str, object, dict]]:
         fits.append((guide, figures))
     out.append(("meanfield", fits[0][0], fits[0][1]))
     for name in ("coupled", "chain", "mixture"):
-        guide = make_guide(name, model)
-        out.append((name, guide, _train(model, guide, X, y, args, args.steps, args.seed)))
-    ssivi = SemiImplicit(model, init_from=fits[0][0], component_scale="tril")
-    figures = _train(model, ssivi, X, y, args, args.steps, args.seed)
-    figures["seconds_with_start"] = figures["seconds"] + fits[0][1]["seconds"]
-    out.append(("ssivi-tril-init", ssivi, figures))
+        if name in args.guides:
+            guide = make_guide(name, model)
+            out.append((name, guide, _train(model, guide, X, y, args, args.steps, args.seed)))
+    if "ssivi-tril-init" in args.guides:
+        ssivi = SemiImplicit(model, init_from=fits[0][0], component_scale="tril")
+        figures = _train(model, ssivi, X, y, args, args.steps, args.seed)
+        figures["seconds_with_start"] = figures["seconds"] + fits[0][1]["seconds"]
+        out.append(("ssivi-tril-init", ssivi, figures))
+    return out + _from_fits(model, X, y, args, fits)
+
+
+def _from_fits(model, X, y, args, fits) -> list[tuple[str, object, dict]]:
+    """The guides made of the MeanField fits ``[(guide, figures), ...]``, and the fits of
+    seeds after the first."""
+    out = []
     fit_seconds = sum(f["seconds"] for _, f in fits)
+    if "mixture-fits" in args.guides:
+        out += _mixtures_of_fits(model, X, y, args, fits, fit_seconds)
+    if "stack-fits" in args.guides:
+        t0 = time.perf_counter()
+        stacked = stack([(model, g) for g, _ in fits], X=X, y=y, num_samples=100, seed=args.seed)
+        out.append(("stack-fits", stacked, {"seconds": time.perf_counter() - t0,
+                                            "seconds_with_fits": fit_seconds,
+                                            "weights": [round(float(w), 4)
+                                                        for w in stacked.weights]}))
+    return out + [(f"meanfield-seed{args.seed + k}", g, f) for k, (g, f) in
+                  enumerate(fits[1:], start=1)]
+
+
+def _mixtures_of_fits(model, X, y, args, fits, fit_seconds) -> list[tuple[str, object, dict]]:
+    """``Mixture(init_from=fits)`` before and after training."""
+    out = []
     start = Mixture(model, init_from=[g for g, _ in fits])
     elbo = evaluate_elbo(model, start, X, y, num_particles=args.elbo_particles,
                          objective="stratified", seed=args.seed)
@@ -167,14 +195,7 @@ def _guides(model, X, y, args) -> list[tuple[str, object, dict]]:
     figures["seconds_with_fits"] = figures["seconds"] + fit_seconds
     figures["weights"] = [round(float(w), 4) for w in mixture.weights()]
     out.append(("mixture-fits", mixture, figures))
-    t0 = time.perf_counter()
-    stacked = stack([(model, g) for g, _ in fits], X=X, y=y, num_samples=100, seed=args.seed)
-    out.append(("stack-fits", stacked, {"seconds": time.perf_counter() - t0,
-                                        "seconds_with_fits": fit_seconds,
-                                        "weights": [round(float(w), 4)
-                                                    for w in stacked.weights]}))
-    return out + [(f"meanfield-seed{args.seed + k}", g, f) for k, (g, f) in
-                  enumerate(fits[1:], start=1)]
+    return out
 
 
 def run_toy(name: str, args) -> list[tuple[dict, dict]]:
@@ -198,7 +219,7 @@ def run_toy(name: str, args) -> list[tuple[dict, dict]]:
                    **figures}
         rows.append((guide_name, figures))
     seeds = [f["share_rising"] for n, f in rows if n.startswith("meanfield")]
-    best_gaussian = min(f["w1"] for n, f in rows if n in GAUSSIAN)
+    best_gaussian = min(f["w1"] for n, f in rows if n in GAUSSIAN)  # meanfield at least
     for guide_name, figures in rows:
         if guide_name == "stack-fits":
             figures["fits_rising"] = sum(s > 0.5 for s in seeds)
@@ -220,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--toys", nargs="+", choices=list(TOYS), default=list(TOYS))
+    p.add_argument("--guides", nargs="+", choices=GUIDES, default=list(GUIDES),
+                   help="the guides besides the MeanField fits (always run)")
     p.add_argument("--steps", type=int, default=1500, help="Adam steps per guide")
     p.add_argument("--mixture-steps", type=int, default=500,
                    help="Adam steps of the mixture started at the fits")

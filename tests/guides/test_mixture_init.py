@@ -76,3 +76,30 @@ def test_init_from_is_checked_by_name():
     with pytest.raises(ValueError, match=r"init_from\[0\].*family='coupled'"):
         mixture.weights()
     assert Mixture(model, family="coupled", init_from=[coupled]).num_components == 1
+
+
+@pytest.mark.slow
+def test_a_mixture_of_fits_in_both_modes_of_the_two_mode_toy_keeps_both():
+    # MeanField fits (1,500 Adam steps at 5e-3, as benchmarks/toys.py) land in either mode by
+    # their seed; a mixture of one fit per mode, trained 500 steps by the stratified ELBO,
+    # keeps both (the posterior's masses are one half each, by the reflection symmetry)
+    from pyro_dgp import gold
+    model, X, y = gold.two_mode_model()
+    by_mode = {}
+    for seed in range(8):
+        guide = MeanField(model)
+        with gold.fixed_hyperparameters(model):
+            dgp.fit(model, guide, X, y, num_steps=1500, lr=5e-3, seed=seed, progress=False,
+                    final_elbo_particles=0, lr_schedule="constant")
+        values = gold.guide_layer_values(model, guide, X, "layer1", num_samples=500)
+        by_mode.setdefault(bool(gold.rising(values).double().mean() > 0.5), guide)
+        if len(by_mode) == 2:
+            break
+    assert len(by_mode) == 2, "no seed of 0..7 landed in the other mode"
+    mixture = Mixture(model, init_from=list(by_mode.values()))
+    with gold.fixed_hyperparameters(model):
+        dgp.fit(model, mixture, X, y, num_steps=500, lr=5e-3, seed=0, progress=False,
+                final_elbo_particles=0, lr_schedule="constant")
+    values = gold.guide_layer_values(model, mixture, X, "layer1", num_samples=2000)
+    share = float(gold.rising(values).double().mean())
+    assert 0.35 <= share <= 0.65, (share, mixture.weights())
