@@ -10,7 +10,7 @@ import results
 import toys as bench
 
 GUIDES = ["meanfield", "coupled", "chain", "mixture", "ssivi-tril-init", "mixture-fits-start",
-          "mixture-fits", "stack-fits", "meanfield-seed1"]
+          "mixture-fits", "mixture-modes", "stack-fits", "meanfield-seed1"]
 
 
 @pytest.mark.slow
