@@ -31,9 +31,9 @@ Or components start at ``K`` trained Gaussian guides of the same model (``init_f
 ..., guide_K]``, e.g. independent fits from different seeds that landed in different modes):
 component ``k`` is set to ``guide_k``'s ``q(U)`` and the weights start uniform, so before
 training ``q(U) = (1/K) sum_k q_{guide_k}(U)``. The stratified ELBO's optimal weights are
-``pi_k ∝ exp(ELBO_k)`` for components that do not overlap, so components that each converged
-in their own mode keep comparable weights, where a component that started late in its mode
-loses its weight.
+``pi_k ∝ exp(ELBO_k)`` for components that do not overlap, so a mode's weight goes as the
+exponential of the ELBO of its components' sub-mixture, whose entropy grows with the number of
+distinct components in it: start with as many guides in each mode.
 """
 
 from __future__ import annotations
