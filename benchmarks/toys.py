@@ -224,8 +224,10 @@ def run_toy(name: str, args) -> list[tuple[dict, dict]]:
     make, width, tolerance = TOYS[name]
     model, X, y = make()
     grid = torch.linspace(-width, width, args.grid, dtype=DT).unsqueeze(-1)
+    # the reference each W1 is measured against: rows compare within one reference only
     common = {"toy": name, "n_train": X.shape[0],
-              "noise": round(float(model.likelihood.variance.detach()), 12)}
+              "noise": round(float(model.likelihood.variance.detach()), 12),
+              "reference": f"nuts {args.nuts_chains}x({args.nuts_warmup}+{args.nuts_samples})"}
     reference, nuts_figures = _reference(model, X, y, args)
     ref_pred = reference.predict(grid, seed=args.seed)
     ref_first = reference.layer_values(grid, "layer1", seed=args.seed)
