@@ -61,3 +61,14 @@ def dense_svgp_elbo(model, X, y, loc, tril):
         ell = (Normal(mean, s2.sqrt()).log_prob(y) - 0.5 * var / s2).sum()
         kl = kl_divergence(MultivariateNormal(m, S), MultivariateNormal(torch.zeros_like(m), Kzz))
     return float(ell - kl)
+
+
+def split_layers(guide, v):
+    """Split joint values ``(..., T)`` of ``[vec u^1; ...; vec u^L]`` into the layers'
+    ``(..., D, M)``, in ``guide``'s order."""
+    out, lo = [], 0
+    for site in (guide.site(name) for name in guide.layer_names):
+        n = site.shape.numel()
+        out.append(v[..., lo:lo + n].reshape(v.shape[:-1] + site.shape))
+        lo += n
+    return out

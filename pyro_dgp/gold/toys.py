@@ -1,4 +1,5 @@
-"""The two-mode toy of Havasi et al. 2018 as a deep GP, and how to tell its modes apart.
+"""The two-mode toy of Havasi et al. 2018 as a deep GP, how to tell its modes apart, and a
+smooth symmetric toy (:func:`symmetric_model`).
 
 The seven noise-free points of :func:`~pyro_dgp.datasets.two_mode_toy` (``y = sign(x)`` at
 ``x = -1, -2/3, ..., 1``) are fitted by a 2-layer DGP with one-dimensional layers: the first
@@ -19,7 +20,15 @@ where no second layer fits ``y = +-1``: the two modes have equal mass and are se
 
 Deciding the mode of a draw: the sign of ``f^1(x*)`` at ``x* = 1`` (the last training input,
 where ``|f^1| ~ 1`` in both modes), with a dead zone ``|f^1(x*)| < threshold`` counted in
-neither (:func:`mode_masses`).
+neither (:func:`mode_masses`). Under the posterior target of :mod:`.posterior` the level of
+``f^1`` is free (the last layer is a stationary GP on its values), and a draw's mode is whether
+``f^1`` rises or falls over the data (:func:`~pyro_dgp.gold.modes.rising`).
+
+The symmetry does not need the data: any two-layer deep GP of a zero-mean first layer, a
+zero-mean second layer of a stationary kernel and inducing inputs symmetric about 0 has a
+posterior invariant under ``f^1 -> -f^1`` with the second layer reflected (:mod:`.symmetry`).
+:func:`symmetric_model` is another such model, on smooth data, whose modes a first layer can
+leave at a smaller cost than the step's.
 """
 
 from __future__ import annotations
@@ -30,9 +39,10 @@ from .. import datasets, kernels
 from ..gp import DeepGP, GPLayer
 from ..likelihoods import Gaussian
 from ..linalg import cholesky
-from ..validation import check_positive_finite
+from ..validation import check_positive_finite, check_positive_int
 
-__all__ = ["TWO_MODE_INPUT", "mode_masses", "two_mode_model", "two_mode_posterior_predictive"]
+__all__ = ["TWO_MODE_INPUT", "mode_masses", "symmetric_model", "two_mode_model",
+           "two_mode_posterior_predictive"]
 
 #: the input ``x*`` at which a draw's mode is read: the sign of ``f^1(x*)``
 TWO_MODE_INPUT = 1.0
@@ -52,17 +62,46 @@ def two_mode_model(noise: float = 1e-2, lengthscales: tuple[float, float] = (0.5
     noise = check_positive_finite(noise, "two_mode_model: noise")
     data = datasets.two_mode_toy(dtype=dtype, device=device)
     X, y = data.X_train, data.y_train
-
-    def rbf(lengthscale):
-        return kernels.RBF(1, lengthscale=X.new_tensor(lengthscale),
-                           variance=X.new_tensor(1.0))
-
-    first = GPLayer(1, 1, inducing_points=X.clone(), kernel=rbf(lengthscales[0]),
+    first = GPLayer(1, 1, inducing_points=X.clone(), kernel=_rbf(X, lengthscales[0]),
                     train_inducing=False)
     second = GPLayer(1, 1, inducing_points=X.new_tensor([[-1.0], [1.0]]),
-                     kernel=rbf(lengthscales[1]), train_inducing=False)
+                     kernel=_rbf(X, lengthscales[1]), train_inducing=False)
     model = DeepGP([first, second], Gaussian(X.new_tensor(noise)), num_data=X.shape[0])
     return model.to(dtype=dtype, device=X.device), X, y
+
+
+def symmetric_model(num_points: int = 9, noise: float = 1e-2,
+                    lengthscales: tuple[float, float] = (1.0, 1.0),
+                    dtype: torch.dtype = torch.float64, device=None):
+    """A two-layer deep GP whose posterior is invariant under ``f^1 -> -f^1`` with the second
+    layer reflected (the module docstring; :mod:`.symmetry`), so that its rising and falling
+    first layers each have mass exactly one half.
+
+    Data: ``y = sin(2 x)`` at ``num_points`` inputs evenly spaced on ``[-1, 1]``, noise-free.
+    Model: one-dimensional layers with zero means and RBF kernels (variance 1, ``lengthscales``),
+    the first layer's inducing inputs at the data, the second's 5 at ``-2, -1, 0, 1, 2``
+    (symmetric about 0; ``f^1`` ranges over about ``[-2, 2]``), all fixed; the likelihood's
+    variance ``noise``. ``f^2(f^1(x))`` must tell the inputs apart, so ``f^1`` is one-to-one
+    on the data, rising or falling; between the two a pair of inputs with equal ``f^1`` costs
+    about ``(y_i - y_j)^2 / (4 noise)`` nats, less than for the step's ``+-1``.
+
+    :returns: ``(model, X (num_points, 1), y (num_points,))``.
+    """
+    noise = check_positive_finite(noise, "symmetric_model: noise")
+    n = check_positive_int(num_points, "symmetric_model: num_points")
+    X = torch.linspace(-1, 1, n, dtype=dtype, device=device).unsqueeze(-1)
+    y = torch.sin(2 * X[:, 0])
+    first = GPLayer(1, 1, inducing_points=X.clone(), kernel=_rbf(X, lengthscales[0]),
+                    train_inducing=False)
+    second = GPLayer(1, 1, inducing_points=torch.linspace(-2, 2, 5, dtype=dtype,
+                                                          device=X.device).unsqueeze(-1),
+                     kernel=_rbf(X, lengthscales[1]), train_inducing=False)
+    model = DeepGP([first, second], Gaussian(X.new_tensor(noise)), num_data=n)
+    return model.to(dtype=dtype, device=X.device), X, y
+
+
+def _rbf(like: torch.Tensor, lengthscale: float):
+    return kernels.RBF(1, lengthscale=like.new_tensor(lengthscale), variance=like.new_tensor(1.0))
 
 
 def mode_masses(values: torch.Tensor, threshold: float = 0.5) -> tuple[float, float]:

@@ -1,7 +1,8 @@
 """The parts of a :class:`~pyro_dgp.guides.Mixture` run: its record (:class:`MixtureRun`),
 the distribution of its ``<layer>.u`` sites (:class:`MixtureInducing`: draws each draw's own
 component, scores ``log q(U)`` at the last layer), the messenger that keeps each layer's final
-value (:func:`keep_value`) and one Gaussian component's ``log q_k(U)``."""
+value (:func:`keep_value`), one Gaussian component's ``log q_k(U)`` and the starts taken from
+trained guides (:func:`starts_of_guides`)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from pyro.distributions import constraints
 
 from .base import GuideRun, LayerGuide
 from .joint import JointGaussian
+from .protocol import protocol_of
 from .prototype import LayerSite
 
-__all__ = ["MixtureInducing", "MixtureRun", "keep_value", "component_log_q"]
+__all__ = ["MixtureInducing", "MixtureRun", "component_log_q", "keep_value", "starts_of_guides"]
 
 
 def component_log_q(component: LayerGuide, values: list[torch.Tensor]) -> torch.Tensor:
@@ -84,3 +86,28 @@ class MixtureInducing(dist.TorchDistribution):
 def keep_value(run: MixtureRun, index: int, value) -> None:
     """The last site's ``log q(U)`` reads the final value of layer ``index``."""
     run.values[index] = value
+
+
+def starts_of_guides(guides, model) -> list[torch.distributions.Distribution]:
+    """The joint Gaussian ``q(U)`` (detached) of each guide of ``guides``, a non-empty list of
+    trained Gaussian layer guides of ``model`` (``Mixture(init_from=...)``).
+
+    :raises ValueError: naming ``init_from``, for an empty list, a guide that is not a layer
+        guide of ``model``, or one without a Gaussian ``q(U)``."""
+    if isinstance(guides, LayerGuide) or not isinstance(guides, (list, tuple)) or not guides:
+        raise ValueError("Mixture: init_from must be a non-empty list of trained Gaussian "
+                         "guides of the model (e.g. [MeanField(model), ...], each fitted), got "
+                         f"{type(guides).__name__}")
+    starts = []
+    for k, guide in enumerate(guides):
+        answers = protocol_of(guide)
+        if not answers.is_layer_guide or answers.model is not model:
+            raise ValueError(f"Mixture: init_from[{k}] ({type(guide).__name__}) is not a layer "
+                             "guide of the model this Mixture is built on; pass guides "
+                             "trained on that very model object")
+        try:
+            starts.append(guide.q())
+        except NotImplementedError as error:
+            raise ValueError(f"Mixture: init_from[{k}] ({type(guide).__name__}) has no Gaussian "
+                             f"q(U) to start a component at ({error})") from None
+    return starts

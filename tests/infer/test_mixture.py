@@ -5,7 +5,7 @@ import math
 import pyro
 import pytest
 import torch
-from known_answers import dense_svgp_elbo, single_layer
+from known_answers import dense_svgp_elbo, single_layer, split_layers
 from torch.distributions import Categorical, MixtureSameFamily, MultivariateNormal
 
 import pyro_dgp as dgp
@@ -24,16 +24,6 @@ def _two_layer(N=20):
     return dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=5), X, y
 
 
-def _layer_values(guide, v):
-    """Split joint values ``(..., T)`` into the layers' ``(..., D, M)``."""
-    out, lo = [], 0
-    for site in (guide.site(name) for name in guide.layer_names):
-        n = site.shape.numel()
-        out.append(v[..., lo:lo + n].reshape(v.shape[:-1] + site.shape))
-        lo += n
-    return out
-
-
 @pytest.mark.parametrize("family", ["meanfield", "coupled", "chain"])
 def test_a_one_component_mixture_is_its_component(family):
     model, X, y = _two_layer()
@@ -42,7 +32,7 @@ def test_a_one_component_mixture_is_its_component(family):
     # log q
     q = component.q()
     v = q.sample((6,))
-    torch.testing.assert_close(mixture.log_q(_layer_values(mixture, v)).detach(), q.log_prob(v),
+    torch.testing.assert_close(mixture.log_q(split_layers(mixture, v)).detach(), q.log_prob(v),
                                rtol=1e-9, atol=1e-9)
     # the ELBO from a fixed seed: the same draws, scored by the same density (MeanField's
     # trace scores log q(u) at its draw; Coupled's and Chain's the closed-form KL instead)
@@ -71,7 +61,7 @@ def test_log_q_is_the_density_of_the_gaussian_mixture():
     exact = MixtureSameFamily(Categorical(probs=mixture.weights()), MultivariateNormal(
         torch.stack([p.loc for p in parts]), scale_tril=torch.stack([p.scale_tril for p in parts])))
     v = exact.sample((50,))
-    torch.testing.assert_close(mixture.log_q(_layer_values(mixture, v)).detach(), exact.log_prob(v))
+    torch.testing.assert_close(mixture.log_q(split_layers(mixture, v)).detach(), exact.log_prob(v))
     with torch.no_grad(), seeded(0, X.device):
         trace = trace_draws(mixture, (X,), 40)
         log_q = guide_log_density(mixture, trace, 40)
@@ -217,5 +207,5 @@ def test_a_mixture_of_narrow_starts_keeps_draws_in_both_modes_of_the_two_mode_to
         dgp.fit(model, mixture, X, y, num_steps=300, lr=5e-3, seed=0, progress=False,
                 final_elbo_particles=0, lr_schedule="constant")
     x_star = torch.tensor([[gold.TWO_MODE_INPUT]], dtype=DT)
-    values = gold.guide_layer_values(model, mixture, x_star, "layer1", num_samples=2000)
+    values = gold.guidesplit_layers(model, mixture, x_star, "layer1", num_samples=2000)
     assert min(gold.mode_masses(values)) >= 0.1

@@ -26,6 +26,14 @@ means moved by ``spread`` times a draw of the prior ``p(u^l)`` of every layer, s
 two-mode toy (:func:`pyro_dgp.gold.two_mode_model`), K = 4 MeanField components started at the
 prior all ended in one mode; started at ``inner_variance = 0.01``, one of them ended in the
 other mode (numbers in :mod:`pyro_dgp.infer.mixture`).
+
+Or components start at ``K`` trained Gaussian guides of the same model (``init_from=[guide_1,
+..., guide_K]``, e.g. independent fits from different seeds that landed in different modes):
+component ``k`` is set to ``guide_k``'s ``q(U)`` and the weights start uniform, so before
+training ``q(U) = (1/K) sum_k q_{guide_k}(U)``. The stratified ELBO's optimal weights are
+``pi_k ∝ exp(ELBO_k)`` for components that do not overlap, so a mode's weight goes as the
+exponential of the ELBO of its components' sub-mixture, whose entropy grows with the number of
+distinct components in it: start with as many guides in each mode.
 """
 
 from __future__ import annotations
@@ -44,7 +52,13 @@ from ...validation import check_bool, check_positive_finite, check_positive_int
 from .. import estimators
 from ..base import LayerGuide
 from ..final_values import RecordFinalInducing
-from ..mixture_runs import MixtureInducing, MixtureRun, component_log_q, keep_value
+from ..mixture_runs import (
+    MixtureInducing,
+    MixtureRun,
+    component_log_q,
+    keep_value,
+    starts_of_guides,
+)
 from ..params import copy_into
 from ..prototype import LayerSite
 from ..registry import register_guide
@@ -75,6 +89,11 @@ class Mixture(LayerGuide):
     :param spread: the scale of the prior draws that move the means of components ``1..K-1``
         at the start (``0``: every component starts at the family's start).
     :param seed: component ``k`` draws its start from ``seed + k``.
+    :param init_from: a list of ``K`` trained Gaussian guides of ``model`` (module docstring):
+        component ``k`` starts at ``init_from[k].q()``, the means not moved (``spread`` and
+        ``inner_variance`` unused), ``K`` their number (``num_components``, if given, must
+        equal it). ``family`` must represent their ``q`` (``"meanfield"`` for MeanField
+        guides, ``"coupled"`` or ``"chain"`` for those).
 
     Not ``mean_field`` (no closed-form KL of a mixture). ``per_draw_weights`` where the
     components' are (``family="meanfield-sampled"``); the SIWAE objective draws ``f`` given
@@ -85,11 +104,14 @@ class Mixture(LayerGuide):
     #: fit's "auto": the stratified mixture ELBO (:mod:`pyro_dgp.infer.mixture`)
     default_objective = "stratified"
 
-    def __init__(self, model, family: str | Callable = "meanfield", num_components: int = 4,
-                 learn_weights: bool = True, spread: float = 1.0, seed: int = 0,
-                 inner_variance: float | None = None, name=None):
+    def __init__(self, model, family: str | Callable = "meanfield",
+                 num_components: int | None = None, learn_weights: bool = True,
+                 spread: float = 1.0, seed: int = 0, inner_variance: float | None = None,
+                 init_from=None, name=None):
         super().__init__(model, name=name)
-        self.count = check_positive_int(num_components, "Mixture: num_components")
+        # detached distributions, not modules: the sources' parameters stay theirs
+        self.starts = None if init_from is None else starts_of_guides(init_from, model)
+        self.count = _count(num_components, self.starts)
         self.learn_weights = check_bool(learn_weights, "Mixture: learn_weights")
         self.spread = 0.0 if spread == 0 else check_positive_finite(spread, "Mixture: spread")
         self.seed = int(seed)
@@ -129,7 +151,9 @@ class Mixture(LayerGuide):
         else:
             self.register_buffer("logits", logits)
         for k, component in enumerate(self.components):
-            if k > 0 and self.spread > 0:
+            if self.starts is not None:
+                _start_at(component, self.starts[k], k)
+            elif k > 0 and self.spread > 0:
                 self._move_means(component, self.seed + k, like.device)
 
     def _move_means(self, component: LayerGuide, seed: int, device) -> None:
@@ -318,6 +342,27 @@ _FAMILIES = {
 #: the registry's families a mixture is made of: Gaussian ``q(U)`` with a tractable density,
 #: each drawing ``u`` at its ``<layer>.u`` sites itself
 MIXTURE_FAMILIES = tuple(_FAMILIES)
+
+
+def _count(num_components: int | None, starts: list | None) -> int:
+    """``K``: ``num_components`` (default 4), or the number of ``init_from``'s guides."""
+    if starts is None:
+        return check_positive_int(4 if num_components is None else num_components,
+                                  "Mixture: num_components")
+    if num_components is not None and num_components != len(starts):
+        raise ValueError(f"Mixture: num_components ({num_components}) differs from the number "
+                         f"of guides in init_from ({len(starts)}); leave num_components out")
+    return len(starts)
+
+
+def _start_at(component: LayerGuide, start, k: int) -> None:
+    """Set ``component`` to the Gaussian ``start`` (init_from[k]'s ``q(U)``)."""
+    try:
+        component.set_q(start)
+    except ValueError as error:
+        raise ValueError(f"Mixture: init_from[{k}]'s q(U) cannot start a component of family "
+                         f"{type(component).__name__} ({error}); pass the family of the guides "
+                         "in init_from (e.g. family='coupled')") from None
 
 
 def _inner(inner_variance: float | None) -> dict:
