@@ -12,6 +12,7 @@ from .families.semi_implicit import SemiImplicit
 from .gaussian import LayerGaussian
 from .joint import JointGaussian
 from .mixing import DiscreteMixingNormal, MixingNetwork, ReverseNetwork, SemiImplicitNormal
+from .mixture_runs import one_per_mode
 from .protocol import GuideProtocol, protocol_of, sample_paths, shared_draws
 from .prototype import LayerSite
 from .registry import register_guide
@@ -35,6 +36,7 @@ __all__ = [
     "SemiImplicitNormal",
     "complete",
     "inducing_only",
+    "one_per_mode",
     "protocol_of",
     "register_guide",
     "sample_paths",

@@ -2,7 +2,8 @@
 the distribution of its ``<layer>.u`` sites (:class:`MixtureInducing`: draws each draw's own
 component, scores ``log q(U)`` at the last layer), the messenger that keeps each layer's final
 value (:func:`keep_value`), one Gaussian component's ``log q_k(U)`` and the starts taken from
-trained guides (:func:`starts_of_guides`)."""
+trained guides (:func:`starts_of_guides`), and one trained guide per mode among several
+(:func:`one_per_mode`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from .joint import JointGaussian
 from .protocol import protocol_of
 from .prototype import LayerSite
 
-__all__ = ["MixtureInducing", "MixtureRun", "component_log_q", "keep_value", "starts_of_guides"]
+__all__ = ["MixtureInducing", "MixtureRun", "component_log_q", "keep_value", "one_per_mode",
+           "starts_of_guides"]
 
 
 def component_log_q(component: LayerGuide, values: list[torch.Tensor]) -> torch.Tensor:
@@ -111,3 +113,33 @@ def starts_of_guides(guides, model) -> list[torch.distributions.Distribution]:
             raise ValueError(f"Mixture: init_from[{k}] ({type(guide).__name__}) has no Gaussian "
                              f"q(U) to start a component at ({error})") from None
     return starts
+
+
+def one_per_mode(guides, model, min_kl: float = 10.0) -> list:
+    """The first of each group of ``guides`` (trained Gaussian layer guides of ``model``, in
+    their order) whose ``q(U)`` lie within ``min_kl`` nats of one another: guide ``k`` is kept
+    when the symmetrised KL, ``(KL(q_k || q_j) + KL(q_j || q_k)) / 2``, to every guide kept
+    before it exceeds ``min_kl``.
+
+    For ``Mixture(init_from=one_per_mode(fits, model))``: the stratified ELBO's optimal weight
+    of a mode grows with the number of distinct components in it, so independent fits that
+    landed in the same mode would weigh that mode by how many fits found it, not by its
+    posterior mass. Fits of one mode from different seeds differ by a small fraction of a nat;
+    separated modes by hundreds or thousands of nats (benchmarks/results/history.md), so the
+    grouping does not hang on ``min_kl``'s exact value.
+
+    :raises ValueError: for a ``min_kl`` that is not positive, and for ``guides`` that
+        ``Mixture(init_from=guides)`` refuses (:func:`starts_of_guides`)."""
+    if not min_kl > 0:
+        raise ValueError(f"one_per_mode: min_kl must be a positive number of nats, got {min_kl}")
+    starts = starts_of_guides(guides, model)
+    kept: list[int] = []
+    for k, q_k in enumerate(starts):
+        if all(_symmetrised_kl(q_k, starts[j]) > min_kl for j in kept):
+            kept.append(k)
+    return [guides[k] for k in kept]
+
+
+def _symmetrised_kl(p, q) -> float:
+    kl = torch.distributions.kl_divergence
+    return float(kl(p, q) + kl(q, p)) / 2

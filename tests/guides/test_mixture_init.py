@@ -103,3 +103,32 @@ def test_a_mixture_of_fits_in_both_modes_of_the_two_mode_toy_keeps_both():
     values = gold.guide_layer_values(model, mixture, X, "layer1", num_samples=2000)
     share = float(gold.rising(values).double().mean())
     assert 0.35 <= share <= 0.65, (share, mixture.weights())
+
+
+def _symmetrised_kl(p, q) -> float:
+    kl = torch.distributions.kl_divergence
+    return float(kl(p, q) + kl(q, p)) / 2
+
+
+def test_one_per_mode_keeps_the_first_of_each_group_within_min_kl():
+    model, X, y = _two_layer()
+    fits = _fits(model, X, y, seeds=[0, 1, 2])
+    qs = [g.q() for g in fits]
+    d01, d02, d12 = (_symmetrised_kl(qs[i], qs[j]) for i, j in ((0, 1), (0, 2), (1, 2)))
+    assert min(d01, d02, d12) > 0
+    assert dgp.guides.one_per_mode(fits, model, min_kl=1e6) == [fits[0]]
+    assert dgp.guides.one_per_mode(fits, model, min_kl=min(d01, d02, d12) / 2) == fits
+    # a threshold between the distances keeps exactly the fits the greedy rule says
+    below = sorted([d01, d02, d12])
+    min_kl = (below[0] + below[1]) / 2
+    expected = [0] + [k for k, d in ((1, d01), (2, d02)) if d > min_kl]
+    if len(expected) == 3 and d12 <= min_kl:
+        expected = expected[:2]
+    assert dgp.guides.one_per_mode(fits, model, min_kl=min_kl) == [fits[k] for k in expected]
+
+
+@pytest.mark.parametrize("min_kl", [0.0, -1.0, float("nan")])
+def test_one_per_mode_refuses_a_threshold_that_is_not_positive(min_kl):
+    model, X, y = _two_layer()
+    with pytest.raises(ValueError, match="min_kl"):
+        dgp.guides.one_per_mode(_fits(model, X, y, seeds=[0]), model, min_kl=min_kl)
