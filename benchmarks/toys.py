@@ -23,7 +23,7 @@ variant of the best ELBO in ``benchmarks/semi_implicit.py``'s runs); ``mixture``
 init_from=fits)`` over ``--fits`` MeanField fits of seeds ``0 .. fits - 1`` (K = fits), before
 (``mixture-fits-start``, uniform weights, no training) and after ``--mixture-steps`` steps of
 its stratified ELBO; ``mixture-modes``, the same of ``guides.one_per_mode(fits)`` (the
-first fit of each group within 10 nats of symmetrised KL: one component per mode found, chosen
+first fit of each group within 100 nats of symmetrised KL: one component per mode found, chosen
 without the toy's labels) for ``--mixture-steps``;
 ``stack-fits``, the same fits stacked by PSIS-LOO (``pyro_dgp.stack``;
 its predictive resampled to the stacking weights, its shares the weighted fits' shares; no
@@ -206,7 +206,7 @@ def _mixtures_of_fits(model, X, y, args, fits, fit_seconds) -> list[tuple[str, o
 
 def _one_fit_per_mode(model, X, y, args, fits, fit_seconds) -> tuple[str, object, dict]:
     """``Mixture(init_from=one_per_mode(fits))``: the first fit of each group of ``fits``
-    within 10 nats of one another (symmetrised KL of their ``q(U)``; no use of the toy's
+    within 100 nats of one another (symmetrised KL of their ``q(U)``; no use of the toy's
     modes), trained ``args.mixture_steps``: as many components per mode."""
     guides = [g for g, _ in fits]
     kept = one_per_mode(guides, model)

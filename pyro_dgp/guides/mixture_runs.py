@@ -115,7 +115,7 @@ def starts_of_guides(guides, model) -> list[torch.distributions.Distribution]:
     return starts
 
 
-def one_per_mode(guides, model, min_kl: float = 10.0) -> list:
+def one_per_mode(guides, model, min_kl: float = 100.0) -> list:
     """The first of each group of ``guides`` (trained Gaussian layer guides of ``model``, in
     their order) whose ``q(U)`` lie within ``min_kl`` nats of one another: guide ``k`` is kept
     when the symmetrised KL, ``(KL(q_k || q_j) + KL(q_j || q_k)) / 2``, to every guide kept
@@ -124,9 +124,10 @@ def one_per_mode(guides, model, min_kl: float = 10.0) -> list:
     For ``Mixture(init_from=one_per_mode(fits, model))``: the stratified ELBO's optimal weight
     of a mode grows with the number of distinct components in it, so independent fits that
     landed in the same mode would weigh that mode by how many fits found it, not by its
-    posterior mass. Fits of one mode from different seeds differ by a small fraction of a nat;
-    separated modes by hundreds or thousands of nats (benchmarks/results/history.md), so the
-    grouping does not hang on ``min_kl``'s exact value.
+    posterior mass. On the toys of ``benchmarks/toys.py`` fits of one mode from different
+    seeds lie within tens of nats of one another, mirror-image modes hundreds to thousands of
+    nats apart (benchmarks/results/history.md); a larger ``q(U)`` (more inducing points or
+    layers) spreads both, so check the distances on your own fits.
 
     :raises ValueError: for a ``min_kl`` that is not positive, and for ``guides`` that
         ``Mixture(init_from=guides)`` refuses (:func:`starts_of_guides`)."""
