@@ -25,7 +25,7 @@ import uci
 
 DATASETS = ["boston", "energy", "concrete", "wine_red", "kin8nm", "power"]
 GUIDES = ["meanfield", "coupled"]
-OBJECTIVES = ["auto", "alpha=0.5", "alpha=1"]
+OBJECTIVES = ["auto", "alpha=1", "alpha=0.5"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,9 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def plan(args) -> list[grid.Run]:
-    """Every run, split k of every set before split k + 1."""
-    return [grid.Run(ds, g, o, k) for k in args.splits for ds in args.datasets
-            for g in args.guides for o in args.objectives]
+    """Every run: split k of every set before split k + 1; within a split, every set of the
+    first guide before the second guide, the objectives in the order given."""
+    return [grid.Run(ds, g, o, k) for k in args.splits for g in args.guides
+            for ds in args.datasets for o in args.objectives]
 
 
 def record(args, dataset: str, guide: str, objective: str) -> None:

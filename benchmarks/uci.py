@@ -398,8 +398,13 @@ def _run_one(args, short: str, split: int, layers: int, ckpt_dir: Path) -> tuple
     figures = pointwise.diagnostics(pred, y)
     if args.pointwise_dir:
         side = Path(args.pointwise_dir) / f"{_tag(args, short, layers, split)}.npz"
-        pointwise.save_run(side, pred, y, pointwise.loo_log_density(
-            model, guide, data.X_train, data.y_train, float(data.y_std), seed))
+        try:
+            loo_logp = pointwise.loo_log_density(model, guide, data.X_train, data.y_train,
+                                                 float(data.y_std), seed)
+        except (RuntimeError, ValueError) as err:  # the fit's scores stand without its LOO
+            loo_logp = torch.full((N,), math.nan).numpy()
+            figures["loo_error"] = f"{type(err).__name__}: {err}"
+        pointwise.save_run(side, pred, y, loo_logp)
         figures["pointwise"] = side.name
     rec = {
         "dataset": short,
