@@ -104,10 +104,12 @@ def _past(stop_at: str | None) -> bool:
     return (now.hour, now.minute) >= (hh, mm)
 
 
-def run_grid(runs: list[Run], args, on_finished=None) -> list[Run]:
+def run_grid(runs: list[Run], args, on_finished=None, slow: set[str] | None = None) -> list[Run]:
     """Run each of ``runs`` not yet in ``args.out``, in order, one at a time; calls
-    ``on_finished(run)`` after each run that finished here. Returns the runs left undone."""
-    slow: set[str] = set()
+    ``on_finished(run)`` after each run that finished here. ``slow``: the sets found too slow
+    so far (updated in place; pass one set to several calls of one invocation). Returns the
+    runs left undone."""
+    slow = set() if slow is None else slow
     left = []
     for run in runs:
         done = find(uci.read_records(Path(args.out)), run, args)
