@@ -39,11 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def plan(args) -> list[grid.Run]:
-    """Every run: split k of every set before split k + 1; within a split, the objectives in
-    the order given (the ELBO's runs are the cheapest: the local alpha objective's step costs
-    S = 10 draws per point), then the sets in the order given, then the guides."""
+    """Every run, cheapest first: split k of every set before split k + 1; within a split,
+    the objectives in the order given (a step of the local alpha objective costs S = 10 draws
+    per point), then the guides in the order given (the coupled guide's step factors one
+    covariance over every layer's inducing outputs), then the sets."""
     return [grid.Run(ds, g, o, k) for k in args.splits for o in args.objectives
-            for ds in args.datasets for g in args.guides]
+            for g in args.guides for ds in args.datasets]
 
 
 def record(args, dataset: str, guide: str, objective: str) -> None:
