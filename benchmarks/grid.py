@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import uci
@@ -38,7 +38,6 @@ class Run:
     split: int
     layers: int = 2
     seed: int = 0
-    extra: tuple = field(default=())
 
 
 def objective_argv(objective: str) -> list[str]:
@@ -79,7 +78,7 @@ def _argv(run: Run, args) -> list[str]:
             "--steps", str(args.steps), "--batch-size", str(args.batch_size),
             "--num-inducing", str(args.num_inducing), "--seed", str(run.seed),
             "--out", args.out, "--pointwise-dir", args.pointwise_dir, "--threads", "1",
-            "--no-record", "--quiet", *run.extra]
+            "--no-record", "--quiet"]
 
 
 def find(records: list[dict], run: Run, args) -> dict | None:
