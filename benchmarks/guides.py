@@ -47,12 +47,17 @@ CHECK_SET = "boston"
 OWN_OBJECTIVE = {"amortized-ar2pp": 3, "mixture": 2}
 SEEDS = (1, 2, 3, 4)
 STACKED, ENSEMBLE = "stacked", "meanfield x5"
+#: the parts of the atlas ``--guides`` selects
+PARTS = (*CHOSEN_OBJECTIVE, "semi-implicit", *OWN_OBJECTIVE, "ensemble")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python benchmarks/guides.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     grid.add_common(p, DATASETS, [0])
+    p.add_argument("--guides", nargs="+", default=list(PARTS), choices=list(PARTS),
+                   help="the parts of the atlas to run (the records cover whatever the runs "
+                   "file holds)")
     return p
 
 
@@ -109,14 +114,19 @@ def seed_members(records: list[dict], dataset: str, split: int, args) -> list[gr
     return [grid.Run(dataset, "meanfield", objective, split, seed=s) for s in (0, *SEEDS)]
 
 
-def choice_runs(dataset: str, split: int) -> list[grid.Run]:
-    """The runs the choices need (split 0 only)."""
+def choice_runs(dataset: str, split: int, parts=PARTS) -> list[grid.Run]:
+    """The runs the choices of ``parts`` need (split 0 only)."""
     if split != 0:
         return []
-    runs = [grid.Run(dataset, g, o, 0) for g in CHOSEN_OBJECTIVE for o in OBJECTIVE_CHOICES]
-    if dataset == CHECK_SET:
+    runs = [grid.Run(dataset, g, o, 0) for g in CHOSEN_OBJECTIVE for o in OBJECTIVE_CHOICES
+            if g in parts or (g == "meanfield" and "ensemble" in parts)]
+    if dataset == CHECK_SET and "semi-implicit" in parts:
         runs += [grid.Run(dataset, g, "auto", 0) for g in SEMI_IMPLICIT]
     return runs
+
+
+def _part(run: grid.Run) -> str:
+    return "semi-implicit" if run.guide in SEMI_IMPLICIT else run.guide
 
 
 # ---------------------------------------------------------------------------- records
@@ -189,9 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     for k in args.splits:
         for ds in args.datasets:
             before = len(uci.read_records(Path(args.out)))
-            left += grid.run_grid(choice_runs(ds, k), args, slow=slow)
+            left += grid.run_grid(choice_runs(ds, k, args.guides), args, slow=slow)
             records = uci.read_records(Path(args.out))
-            todo = [*members(records, ds, k, args).values(), *seed_members(records, ds, k, args)]
+            todo = [r for r in members(records, ds, k, args).values() if _part(r) in args.guides]
+            if "ensemble" in args.guides:
+                todo += seed_members(records, ds, k, args)
             left += grid.run_grid(todo, args, slow=slow)
             if args.summary_only or len(uci.read_records(Path(args.out))) > before:
                 record_set(args, ds)

@@ -131,3 +131,12 @@ def test_a_run_records_what_explains_its_scores_and_writes_its_side_file(tmp_pat
     assert run["test_logp"].mean() == pytest.approx(rec["metrics"]["test_loglik"])
     assert run["loo_logp"].shape == (rec["data"]["num_train"],)
     assert np.isfinite(run["loo_logp"]).all() and run["loc"].shape == (5, 51)
+
+
+def test_the_choice_runs_follow_the_parts_asked_for():
+    runs = guides.choice_runs("boston", 0, ("meanfield", "semi-implicit"))
+    assert {(r.guide, r.objective) for r in runs} == {
+        ("meanfield", "auto"), ("meanfield", "alpha=1"), ("ssivi", "auto"),
+        ("ssivi-iwhvi", "auto"), ("ssivi-discrete", "auto")}
+    assert {r.guide for r in guides.choice_runs("energy", 0, ("ensemble",))} == {"meanfield"}
+    assert guides.choice_runs("boston", 1) == []
