@@ -9,7 +9,9 @@ Guides (DGP 2, the harness's package initialisation, ``--steps`` Adam steps, bat
 - ``meanfield``, ``coupled``, ``chain``: each trained with the ELBO (``auto``) and with the
   local alpha objective at alpha = 1 on split 0; the one with the higher mean PSIS-LOO log
   predictive density on the training points is used on the other splits (a choice that never
-  looks at the test points);
+  looks at the test points; but an alpha = 1 fit's noise variance can collapse towards zero,
+  which makes its PSIS-LOO unreliable or undefined, so the choice leans towards the ELBO:
+  ``benchmarks/results/history.md``, "Defaults study and guide atlas");
 - one semi-implicit variant: ``ssivi``, ``ssivi-iwhvi`` and ``ssivi-discrete`` are run on
   boston split 0 and the one with the highest PSIS-LOO density there is used everywhere;
 - ``amortized-ar2pp`` on its own model (``pyro_dgp.gp.avdgp_regression``, three layers,

@@ -383,7 +383,10 @@ SECTIONS = (
             "objective) and the local alpha objective (S = 10 draws per point) at alpha 0.5 "
             "and 1, float64, package initialisation; test NLL / RMSE in original units, mean "
             "(standard error) over the splits run (`splits`: per objective). The last row "
-            "counts the rows each objective wins (NLL / RMSE). Each run's learned noise "
+            "counts the rows each objective wins (NLL / RMSE); on integer-valued targets "
+            "(wine_red) alpha 1's NLL is degenerate (its noise variance collapses and the "
+            "mixture spikes on the integers: `benchmarks/results/history.md`). Each run's "
+            "learned noise "
             "variance, mean predictive variance, spread of the draws' means and mean bias are "
             "in `benchmarks/results/defaults.jsonl`.",
             combine=studies.objective_rows),
