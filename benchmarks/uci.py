@@ -35,6 +35,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pointwise
 import pyro
 import results
 import torch
@@ -43,6 +44,7 @@ from machine import cpu_model
 from tqdm.auto import tqdm
 
 from pyro_dgp import datasets
+from pyro_dgp.gp.avdgp import avdgp_regression
 from pyro_dgp.gp.deep_gp import DeepGP
 from pyro_dgp.guides import MeanField
 from pyro_dgp.guides.registry import GUIDES, make_guide
@@ -212,6 +214,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "run's checkpoint is deleted")
     p.add_argument("--checkpoint-every", type=int, default=500,
                    help="steps between checkpoints")
+    p.add_argument("--pointwise-dir", default=None, metavar="DIR",
+                   help="write each run's per-point test and PSIS-LOO log densities and its "
+                   "predictive components to DIR/<run>.npz (benchmarks/pointwise.py: stacking "
+                   "runs without their models)")
     p.add_argument("--summary", action="store_true",
                    help="print a markdown table of this selection beside the published numbers")
     p.add_argument("--no-record", action="store_true",
@@ -345,9 +351,14 @@ def _run_one(args, short: str, split: int, layers: int, ckpt_dir: Path) -> tuple
     pyro.set_rng_seed(seed)
     package = args.init == "package"
     init = {"lr_decay": 1.0} if package else resolve(args.init)
-    model = DeepGP.regression(data.X_train, data.y_train, num_layers=layers,
-                              hidden_dim=args.hidden_dim, num_inducing=M, seed=seed,
-                              **{k: init[k] for k in MODEL_KEYS if k in init})
+    if args.guide.startswith("amortized"):  # its own model (Meng and Zhang 2024's defaults)
+        if not package:
+            raise ValueError(f"--init {args.init} is for the meanfield guide")
+        model = avdgp_regression(data.X_train, data.y_train, seed=seed)
+    else:
+        model = DeepGP.regression(data.X_train, data.y_train, num_layers=layers,
+                                  hidden_dim=args.hidden_dim, num_inducing=M, seed=seed,
+                                  **{k: init[k] for k in MODEL_KEYS if k in init})
     if package:
         guide = make_guide(args.guide, model)
     elif args.guide == "meanfield":
@@ -384,13 +395,24 @@ def _run_one(args, short: str, split: int, layers: int, ckpt_dir: Path) -> tuple
     metrics = {"test_loglik": -test_nll, "nll": test_nll, "rmse": rmse(pred, y),
                "crps": crps(pred, y), "coverage95": coverage(pred, y, 0.95)}
     predict_seconds = time.perf_counter() - t1
+    figures = pointwise.diagnostics(pred, y)
+    if args.pointwise_dir:
+        side = Path(args.pointwise_dir) / f"{_tag(args, short, layers, split)}.npz"
+        try:
+            loo_logp = pointwise.loo_log_density(model, guide, data.X_train, data.y_train,
+                                                 float(data.y_std), seed)
+        except (RuntimeError, ValueError) as err:  # the fit's scores stand without its LOO
+            loo_logp = torch.full((N,), math.nan).numpy()
+            figures["loo_error"] = f"{type(err).__name__}: {err}"
+        pointwise.save_run(side, pred, y, loo_logp)
+        figures["pointwise"] = side.name
     rec = {
         "dataset": short,
         "layers": layers,
         "guide": args.guide,
         "objective": objective_label(args),
         "split": split,
-        "model": model_label(layers, M),
+        "model": ("AVDGP" if args.guide.startswith("amortized") else model_label(layers, M)),
         "status": status,
         "settings": {**_settings(args), "batch_size_used": B, "inducing_used": M,
                      "hidden_dim_used": model.layers[0].output_dim if layers > 1 else None,
@@ -399,6 +421,7 @@ def _run_one(args, short: str, split: int, layers: int, ckpt_dir: Path) -> tuple
         "data": {"num_train": N, "num_test": data.num_test, "input_dim": data.input_dim,
                  "num_splits": datasets.num_splits(short, data_dir=args.data_dir)},
         "metrics": metrics,
+        "diagnostics": figures,
         "final_elbo": final_elbo,
         "final_elbo_per_point": final_elbo / N,
         "steps_done": len(losses),

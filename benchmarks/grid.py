@@ -1,0 +1,153 @@
+"""Grids of single UCI runs over ``uci.py``'s harness, shared by ``defaults.py`` and
+``guides.py``: one run at a time (``uci.main`` with one set, one split), all in one resumable
+runs file, so a run two studies need is done once (the harness skips a run whose settings are
+already there).
+
+A grid stops starting runs at ``--stop-at`` (UTC), and skips the rest of a set, for this
+invocation, once one of its runs took more than ``--max-seconds`` (a set too slow for the
+session; re-issue the command with a larger limit to run it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import uci
+
+HERE = Path(__file__).resolve().parent
+RUNS = HERE / "results" / "runs" / "uci_study.jsonl"
+POINTWISE = HERE / "results" / "runs" / "pointwise"
+
+__all__ = ["POINTWISE", "RUNS", "Run", "add_common", "find", "objective_argv",
+           "objective_label", "run_grid", "summary_figures"]
+
+
+@dataclass(frozen=True)
+class Run:
+    """One (set, guide, objective, split) run of DGP ``layers`` (objective: ``auto``,
+    ``elbo``, ... or ``alpha=<a>`` for the local alpha objective); ``seed``: the harness's base
+    seed (split k runs with seed + k)."""
+
+    dataset: str
+    guide: str
+    objective: str
+    split: int
+    layers: int = 2
+    seed: int = 0
+
+
+def objective_argv(objective: str) -> list[str]:
+    """``uci.py`` options of an objective token (``alpha=1`` -> ``--objective alpha --alpha
+    1``)."""
+    if objective.startswith("alpha="):
+        return ["--objective", "alpha", "--alpha", objective.split("=", 1)[1]]
+    return ["--objective", objective]
+
+
+def objective_label(objective: str) -> str:
+    """The harness's record label of an objective token."""
+    parser = uci.build_parser()
+    return uci.objective_label(parser.parse_args(objective_argv(objective)))
+
+
+def add_common(p: argparse.ArgumentParser, datasets: list[str], splits: list[int]) -> None:
+    """Options every grid has."""
+    p.add_argument("--datasets", nargs="+", default=datasets, help="UCI sets, in run order")
+    p.add_argument("--splits", nargs="+", type=int, default=splits,
+                   help="split indices; every set's split k runs before any split k + 1")
+    p.add_argument("--steps", type=int, default=3000, help="Adam iterations")
+    p.add_argument("--batch-size", type=int, default=1000, help="minibatch size")
+    p.add_argument("--num-inducing", type=int, default=100, help="M per layer")
+    p.add_argument("--out", default=str(RUNS), help="shared JSON-lines file of finished runs")
+    p.add_argument("--pointwise-dir", default=str(POINTWISE),
+                   help="per-run side files (benchmarks/pointwise.py)")
+    p.add_argument("--max-seconds", type=float, default=240.0,
+                   help="skip the rest of a set (this invocation) after a run slower than this")
+    p.add_argument("--stop-at", default=None, metavar="HH:MM",
+                   help="start no run after this UTC time")
+    p.add_argument("--summary-only", action="store_true", help="run nothing; record summaries")
+
+
+def _argv(run: Run, args) -> list[str]:
+    return ["--datasets", run.dataset, "--layers", str(run.layers), "--splits",
+            f"{run.split}:{run.split + 1}", "--guide", run.guide, *objective_argv(run.objective),
+            "--steps", str(args.steps), "--batch-size", str(args.batch_size),
+            "--num-inducing", str(args.num_inducing), "--seed", str(run.seed),
+            "--out", args.out, "--pointwise-dir", args.pointwise_dir, "--threads", "1",
+            "--no-record", "--quiet"]
+
+
+def find(records: list[dict], run: Run, args) -> dict | None:
+    """The last finished record of ``run`` at these settings (``None``: not run yet)."""
+    want = (run.dataset, run.guide, objective_label(run.objective), run.split, run.layers,
+            args.steps, args.batch_size, args.num_inducing, run.seed)
+    for rec in reversed(records):
+        s = rec.get("settings", {})
+        have = (rec.get("dataset"), rec.get("guide"), rec.get("objective"), rec.get("split"),
+                rec.get("layers"), s.get("steps"), s.get("batch_size"), s.get("inducing"),
+                s.get("seed"))
+        if have == want and rec.get("status") != "failed":
+            return rec
+    return None
+
+
+def _past(stop_at: str | None) -> bool:
+    if not stop_at:
+        return False
+    now = dt.datetime.now(dt.UTC)
+    hh, mm = (int(t) for t in stop_at.split(":"))
+    return (now.hour, now.minute) >= (hh, mm)
+
+
+def run_grid(runs: list[Run], args, on_finished=None, slow: set[str] | None = None) -> list[Run]:
+    """Run each of ``runs`` not yet in ``args.out``, in order, one at a time; calls
+    ``on_finished(run)`` after each run that finished here. ``slow``: the sets found too slow
+    so far (updated in place; pass one set to several calls of one invocation). Returns the
+    runs left undone."""
+    slow = set() if slow is None else slow
+    left = []
+    for run in runs:
+        done = find(uci.read_records(Path(args.out)), run, args)
+        if done is not None:
+            if done.get("seconds", 0) > args.max_seconds:
+                slow.add(run.dataset)
+            continue
+        if args.summary_only or run.dataset in slow or _past(args.stop_at):
+            left.append(run)
+            continue
+        code = uci.main(_argv(run, args))
+        rec = find(uci.read_records(Path(args.out)), run, args)
+        if code or rec is None:
+            print(f"run {run} did not finish (exit {code})", file=sys.stderr)
+            left.append(run)
+            continue
+        if rec["seconds"] > args.max_seconds:
+            print(f"{run.dataset}: a run took {rec['seconds']:.0f} s > --max-seconds "
+                  f"{args.max_seconds:g}; skipping its other runs in this invocation",
+                  file=sys.stderr)
+            slow.add(run.dataset)
+        if on_finished is not None:
+            on_finished(run)
+    return left
+
+
+def summary_figures(records: list[dict]) -> dict:
+    """Mean (standard error) over the splits of one configuration's finished records."""
+    ok = [r for r in records if r.get("status", "ok") == "ok"]
+    figures: dict = {"splits_run": sorted(r["split"] for r in ok), "diverged": len(records)
+                     - len(ok)}
+    if not ok:
+        return figures
+    for name in ("test_loglik", "rmse", "crps", "coverage95"):
+        figures[name], figures[f"{name}_se"] = uci.mean_se([r["metrics"][name] for r in ok])
+    figures["seconds"] = sum(r["seconds"] for r in ok) / len(ok)
+    diag = [r["diagnostics"] for r in ok if "diagnostics" in r]
+    for name in ("noise_variance", "predictive_variance_mean", "draw_spread_variance_mean",
+                 "mean_bias"):
+        if diag:
+            figures[name] = sum(d[name] for d in diag) / len(diag)
+    return figures

@@ -1,0 +1,131 @@
+"""The rows of two sections of ``BENCHMARKS.md`` whose table is not one row per record: the
+defaults study (``defaults.py``: sets by objectives, with a rule row) and the guide atlas
+(``guides.py``: sets by guides, beside Lindinger et al. 2020's Table 1).
+
+Each ``*_rows`` function takes the latest record of each configuration and returns the rows
+as records (``settings``, ``figures``, and the command, commit, date and machine of the
+latest record behind the row, which is the row's run).
+"""
+
+from __future__ import annotations
+
+__all__ = ["ATLAS_GUIDES", "LINDINGER", "OBJECTIVES", "SET_ORDER", "atlas_rows",
+           "lindinger_cell", "objective_cell", "objective_rows", "winners"]
+
+#: UCI sets by training-set size, smallest first
+SET_ORDER = ("yacht", "boston", "energy", "concrete", "wine_red", "kin8nm", "power", "naval",
+             "protein")
+#: the defaults study's objectives, as its records name them, and their headers
+OBJECTIVES = {"auto": "ELBO", "alpha=0.5": "alpha 0.5", "alpha=1": "alpha 1"}
+#: the atlas's guides in the order of its rows
+ATLAS_GUIDES = ("meanfield", "coupled", "chain", "ssivi", "ssivi-iwhvi", "ssivi-discrete",
+                "amortized-ar2pp", "mixture", "stacked", "meanfield x5")
+#: Lindinger et al. 2020, Table 1 (10 random 90/10 splits, M = 128, test log-likelihood):
+#: SGHMC DGP (Havasi et al. 2018) best over L = 1..3, and the mean-field DGP with L = 2
+LINDINGER = {"boston": ("-2.51 (L2)", "-2.43"), "energy": ("-0.34 (L3)", "-0.73"),
+             "concrete": ("-2.88 (L3)", "-3.06"), "wine_red": ("-0.80 (L3)", "-0.89"),
+             "kin8nm": ("1.38 (L2)", "1.30"), "power": ("-2.65 (L3)", "-2.77"),
+             "naval": ("7.77 (L1)", "7.11"), "protein": ("-2.58 (L3)", "-2.83")}
+
+_RUN_FIELDS = ("command", "commit", "dirty", "date", "machine", "session")
+
+
+def _rank(dataset: str) -> int:
+    return SET_ORDER.index(dataset) if dataset in SET_ORDER else len(SET_ORDER)
+
+
+def _latest(records: list[dict]) -> dict:
+    return {k: v for k, v in max(records, key=lambda r: str(r.get("date") or "")).items()
+            if k in _RUN_FIELDS}
+
+
+def _most_splits(records: list[dict], key) -> dict[tuple, dict]:
+    """Per ``key(record)``: the record over the most splits (the latest among equals)."""
+    out: dict[tuple, dict] = {}
+    for rec in records:
+        k = key(rec)
+        n = rec["settings"].get("splits", rec["figures"].get("splits", 0))
+        old = out.get(k)
+        if old is None or (n, str(rec.get("date"))) >= (
+                old["settings"].get("splits", old["figures"].get("splits", 0)),
+                str(old.get("date"))):
+            out[k] = rec
+    return out
+
+
+def objective_cell(figures: dict | None) -> str:
+    """``NLL (se) / RMSE (se)`` of one configuration, or empty."""
+    if not figures or figures.get("test_loglik") is None:
+        return ""
+
+    def fmt(value: float, se: float | None) -> str:
+        digits = 2 if abs(value) >= 1 else 3
+        text = f"{value:.{digits}f}"
+        return text if se is None else f"{text} ({se:.{digits}f})"
+
+    return (f"{fmt(-figures['test_loglik'], figures.get('test_loglik_se'))} / "
+            f"{fmt(figures['rmse'], figures.get('rmse_se'))}")
+
+
+def winners(by_objective: dict[str, dict]) -> tuple[str | None, str | None]:
+    """The objective with the lowest NLL and the one with the lowest RMSE (``None``: fewer
+    than two objectives measured)."""
+    have = {o: f for o, f in by_objective.items() if f and f.get("test_loglik") is not None}
+    if len(have) < 2:
+        return None, None
+    nll = min(have, key=lambda o: -have[o]["test_loglik"])
+    return nll, min(have, key=lambda o: have[o]["rmse"])
+
+
+def objective_rows(records: list[dict]) -> list[dict]:
+    """One row per (set, guide, steps, batch, M): each objective's figures over its most
+    splits, the winners, and a last row counting the wins of each objective."""
+    best = _most_splits(records, lambda r: tuple((k, str(v)) for k, v in sorted(
+        r["settings"].items()) if k != "splits"))
+    groups: dict[tuple, dict[str, dict]] = {}
+    for rec in best.values():
+        s = rec["settings"]
+        key = (s["dataset"], s["guide"], s.get("steps"), s.get("batch"), s.get("inducing"))
+        groups.setdefault(key, {})[s["objective"]] = rec
+    rows, wins = [], {o: [0, 0] for o in OBJECTIVES}
+    for (dataset, guide, steps, batch, inducing), recs in groups.items():
+        figures = {o: dict(r["figures"]) for o, r in recs.items()}
+        nll, rm = winners(figures)
+        for o, slot in ((nll, 0), (rm, 1)):
+            if o in wins:
+                wins[o][slot] += 1
+        splits = sorted({r["settings"].get("splits", 0) for r in recs.values()})
+        rows.append({**_latest(list(recs.values())), "settings": {
+            "rank": _rank(dataset), "dataset": dataset, "guide": guide, "steps": steps,
+            "batch": batch, "inducing": inducing},
+            "figures": {**figures, "splits": "/".join(map(str, splits)),
+                        "best": f"{OBJECTIVES.get(nll, '—')} / {OBJECTIVES.get(rm, '—')}"}})
+    if rows:
+        shared = {k: rows[0]["settings"][k] for k in ("steps", "batch", "inducing")
+                  if len({r["settings"][k] for r in rows}) == 1}
+        rows.append({**_latest(records), "settings": {"rank": len(SET_ORDER) + 1,
+                                                      "dataset": "rule", "guide": "", **shared},
+                     "figures": {**{o: {"wins": w} for o, w in wins.items()}, "splits": "",
+                                 "best": "rows won: NLL / RMSE"}})
+    return rows
+
+
+def atlas_rows(records: list[dict]) -> list[dict]:
+    """The atlas's per-(set, guide) summaries (not its per-split lines), ranked for the table:
+    sets by size, guides in :data:`ATLAS_GUIDES` order."""
+    rows = []
+    for rec in records:
+        s = rec["settings"]
+        if "split" in s:
+            continue
+        guide = s["guide"]
+        rank = ATLAS_GUIDES.index(guide) if guide in ATLAS_GUIDES else len(ATLAS_GUIDES)
+        rows.append({**rec, "settings": {"rank": _rank(s["dataset"]) * 100 + rank, **s}})
+    return rows
+
+
+def lindinger_cell(dataset: str) -> str:
+    """Lindinger et al. 2020's SGHMC (best L) / mean-field figures of a set, or empty."""
+    pub = LINDINGER.get(dataset)
+    return "" if pub is None else f"{pub[0]} / {pub[1]}"
+

@@ -1,0 +1,142 @@
+"""The pure parts of the defaults study and the guide atlas (``benchmarks/defaults.py``,
+``benchmarks/guides.py``): stacking runs from their side files, the choices, the report's
+pivot of objectives."""
+
+import math
+
+import grid
+import guides
+import numpy as np
+import pointwise
+import pytest
+import report_studies as studies
+import torch
+from scipy.special import logsumexp
+
+from pyro_dgp.likelihoods import Gaussian
+from pyro_dgp.prediction import MixturePredictive
+from pyro_dgp.stacking import stacking_weights
+
+
+def _predictive(seed: int, S: int = 6, N: int = 9) -> MixturePredictive:
+    g = torch.Generator().manual_seed(seed)
+    loc = torch.randn(S, N, generator=g, dtype=torch.float64)
+    var = torch.rand(S, N, generator=g, dtype=torch.float64) + 0.1
+    return MixturePredictive(loc, var, Gaussian(0.3), y_mean=1.5, y_std=2.0)
+
+
+def _side_file(tmp_path, name: str, seed: int, y: torch.Tensor, loo: np.ndarray):
+    path = tmp_path / f"{name}.npz"
+    pointwise.save_run(path, _predictive(seed), y, loo)
+    return path
+
+
+def test_stacked_log_density_is_the_log_of_the_weighted_mixture():
+    lp = np.log(np.array([[0.2, 0.5], [0.1, 0.4], [0.3, 0.3]]))
+    out = pointwise.stacked_log_density(lp, [0.25, 0.75])
+    assert out == pytest.approx(np.log(0.25 * np.exp(lp[:, 0]) + 0.75 * np.exp(lp[:, 1])))
+    # a zero weight drops its candidate exactly; two identical candidates are the one
+    assert pointwise.stacked_log_density(lp, [1.0, 0.0]) == pytest.approx(lp[:, 0])
+    twice = np.concatenate([lp[:, :1], lp[:, :1]], 1)
+    assert pointwise.stacked_log_density(twice, [0.3, 0.7]) == pytest.approx(lp[:, 0])
+    with pytest.raises(ValueError, match=r"\(N, K\)"):
+        pointwise.stacked_log_density(lp, [1.0])
+
+
+def test_two_identical_runs_stack_to_the_one_run(tmp_path):
+    y = torch.linspace(-1.0, 4.0, 9, dtype=torch.float64)
+    loo = np.linspace(-2.0, -1.0, 20)
+    path = _side_file(tmp_path, "a", 0, y, loo)
+    one = pointwise.load_run(path)
+    out = pointwise.stack_runs([path, _side_file(tmp_path, "b", 0, y, loo)])
+    assert out["weights"] == pytest.approx([0.5, 0.5])
+    assert out["test_loglik"] == pytest.approx(one["test_logp"].mean())
+    pred = _predictive(0)
+    assert out["crps"] == pytest.approx(float(pred.crps(y).mean()), rel=1e-5)
+    assert out["rmse"] == pytest.approx(float((pred.mean - y).square().mean().sqrt()), rel=1e-5)
+
+
+def test_the_stack_takes_stacking_weights_of_the_loo_densities(tmp_path):
+    y = torch.linspace(-1.0, 4.0, 9, dtype=torch.float64)
+    rng = np.random.default_rng(0)
+    loo = [rng.normal(-1.5, 0.5, 30), rng.normal(-1.5, 0.5, 30)]
+    paths = [_side_file(tmp_path, f"r{k}", k, y, loo[k]) for k in range(2)]
+    out = pointwise.stack_runs(paths)
+    w = stacking_weights(np.stack(loo, 1)).numpy()
+    assert out["weights"] == pytest.approx(w.tolist())
+    test = np.stack([pointwise.load_run(p)["test_logp"] for p in paths], 1)
+    assert out["test_loglik"] == pytest.approx(logsumexp(test + np.log(w), 1).mean())
+
+
+def test_runs_of_different_splits_are_refused(tmp_path):
+    y = torch.zeros(9, dtype=torch.float64)
+    a = _side_file(tmp_path, "a", 0, y, np.zeros(20))
+    b = _side_file(tmp_path, "b", 1, y, np.zeros(21))
+    with pytest.raises(ValueError, match="one split"):
+        pointwise.stack_runs([a, b])
+
+
+def test_a_choice_waits_for_every_candidate():
+    assert guides._best({"auto": -1.2, "alpha=1": -1.1}) == "alpha=1"
+    assert guides._best({"auto": -1.2, "alpha=1": math.nan}) is None
+    assert guides._best({}) is None
+
+
+def test_objective_tokens_map_to_the_harness():
+    assert grid.objective_argv("alpha=1") == ["--objective", "alpha", "--alpha", "1"]
+    assert grid.objective_argv("auto") == ["--objective", "auto"]
+    assert grid.objective_label("alpha=0.5") == "alpha=0.5,S=10"
+    assert grid.objective_label("auto") == "auto"
+
+
+def _defaults_record(dataset, objective, loglik, rmse, splits=1, date="2026-11-28"):
+    return {"command": "python benchmarks/defaults.py", "commit": "abc", "date": date,
+            "settings": {"dataset": dataset, "guide": "meanfield", "objective": objective,
+                         "steps": 3000, "batch": 1000, "inducing": 100, "splits": splits},
+            "figures": {"test_loglik": loglik, "rmse": rmse, "test_loglik_se": None,
+                        "rmse_se": None}}
+
+
+def test_objective_rows_pivot_by_set_and_count_the_wins():
+    records = [_defaults_record("boston", "auto", -2.2, 2.3),
+               _defaults_record("boston", "alpha=1", -2.5, 2.6),
+               _defaults_record("power", "auto", -2.8, 4.0),
+               _defaults_record("power", "alpha=1", -2.6, 4.1),
+               _defaults_record("power", "alpha=1", -2.0, 3.0, splits=0)]  # fewer splits: not used
+    rows = studies.objective_rows(records)
+    assert [r["settings"]["dataset"] for r in rows] == ["boston", "power", "rule"]
+    assert rows[0]["figures"]["best"] == "ELBO / ELBO"
+    assert rows[1]["figures"]["best"] == "alpha 1 / ELBO"
+    rule = rows[-1]["figures"]
+    assert rule["auto"]["wins"] == [1, 2] and rule["alpha=1"]["wins"] == [1, 0]
+    assert studies.objective_cell(rows[1]["figures"]["alpha=1"]) == "2.60 / 4.10"
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("boston_data")
+def test_a_run_records_what_explains_its_scores_and_writes_its_side_file(tmp_path):
+    import json
+
+    import uci
+
+    out, side = tmp_path / "runs.jsonl", tmp_path / "pointwise"
+    assert uci.main(["--datasets", "boston", "--layers", "1", "--splits", "1", "--steps", "3",
+                     "--samples", "5", "--inducing", "10", "--threads", "1", "--quiet",
+                     "--out", str(out), "--pointwise-dir", str(side), "--no-record"]) == 0
+    rec = json.loads(out.read_text().splitlines()[0])
+    diag = rec["diagnostics"]
+    assert diag["noise_variance"] > 0 and diag["draw_spread_variance_mean"] >= 0
+    assert diag["predictive_variance_mean"] > diag["noise_variance"]
+    run = pointwise.load_run(side / diag["pointwise"])
+    assert run["test_logp"].mean() == pytest.approx(rec["metrics"]["test_loglik"])
+    assert run["loo_logp"].shape == (rec["data"]["num_train"],)
+    assert np.isfinite(run["loo_logp"]).all() and run["loc"].shape == (5, 51)
+
+
+def test_the_choice_runs_follow_the_parts_asked_for():
+    runs = guides.choice_runs("boston", 0, ("meanfield", "semi-implicit"))
+    assert {(r.guide, r.objective) for r in runs} == {
+        ("meanfield", "auto"), ("meanfield", "alpha=1"), ("ssivi", "auto"),
+        ("ssivi-iwhvi", "auto"), ("ssivi-discrete", "auto")}
+    assert {r.guide for r in guides.choice_runs("energy", 0, ("ensemble",))} == {"meanfield"}
+    assert guides.choice_runs("boston", 1) == []
