@@ -140,7 +140,7 @@ class _OwnDrawMVN(dist.MultivariateNormal):
     """
 
     def __init__(self, loc: torch.Tensor, scale_tril: torch.Tensor, validate_args=None):
-        if loc.dim() == 0 or scale_tril.shape[:-1] != loc.shape + loc.shape[-1:]:
+        if loc.dim() == 0 or scale_tril.shape != loc.shape + loc.shape[-1:]:
             super().__init__(loc, scale_tril=scale_tril, validate_args=validate_args)
             return
         # loc (*b, M) and scale_tril (*b, M, M) already agree (q(u) of a layer): the state
