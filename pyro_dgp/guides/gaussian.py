@@ -144,12 +144,11 @@ class _OwnDrawMVN(dist.MultivariateNormal):
             super().__init__(loc, scale_tril=scale_tril, validate_args=validate_args)
             return
         # loc (*b, M) and scale_tril (*b, M, M) already agree (q(u) of a layer): the state
-        # torch's constructor builds, without its Python broadcast of the shapes
-        batch_shape = loc.shape[:-1]
-        self.scale_tril = scale_tril.expand(batch_shape + (-1, -1))
-        self.loc = loc.expand(batch_shape + (-1,))
+        # torch's constructor builds, without its Python broadcast of the shapes and without
+        # its expanded views (equal to the tensors; each an autograd node)
+        self.scale_tril, self.loc = scale_tril, loc
         super(torch.distributions.MultivariateNormal, self).__init__(
-            batch_shape, self.loc.shape[-1:], validate_args=validate_args)
+            loc.shape[:-1], loc.shape[-1:], validate_args=validate_args)
         self._unbroadcasted_scale_tril = scale_tril
 
     def expand(self, batch_shape, _instance=None):
