@@ -8,8 +8,12 @@ import pytest
 import torch
 
 import pyro_dgp.gp.layer as layer_module
+from pyro_dgp.gp.conditional import conditional
+from pyro_dgp.gp.distributions import FunctionMarginal, WhitenedPrior, masked_out
+from pyro_dgp.gp.kl import standard_normal_kl
 from pyro_dgp.guides.gaussian import mvn_site
 from pyro_dgp.kernels import RBF, Sum, White
+from pyro_dgp.likelihoods import AnalyticObservation, Gaussian
 
 
 def _count_calls(monkeypatch, owner, name):
@@ -63,3 +67,31 @@ def test_a_layer_with_its_stored_inducing_inputs_swaps_nothing(monkeypatch):
         with layer.given_inducing_inputs(None):  # and None inside restores the stored Z
             assert layer.current_inducing_inputs() is not Z
     assert layer.current_inducing_inputs() is not Z and len(calls) == 2
+
+
+def test_sites_expanded_to_their_own_shape_are_not_rebuilt(monkeypatch):
+    loc, var = torch.randn(4, 2), torch.rand(4, 2) + 0.1
+    f = FunctionMarginal(loc, var)
+    masked = masked_out(f)
+    obs = AnalyticObservation(Gaussian(0.5), loc[:, 0], var[:, 0], hyperparameters={})
+    calls = _count_calls(monkeypatch, torch.Tensor, "sqrt")
+    assert f.expand((4,)) is f and masked.expand((4,)) is masked and obs.expand((4,)) is obs
+    assert not calls
+    wider = masked.expand((3, 4))  # another shape: a new, expanded distribution
+    assert wider.batch_shape == (3, 4) and torch.equal(wider.base_dist.var[1], var)
+    assert obs.expand((3, 4)).loc.shape == (3, 4)
+
+
+def test_kl_and_variances_carry_no_expand_of_their_own_shape():
+    loc = torch.randn(3, 5, requires_grad=True)
+    tril = (torch.eye(5) * 0.7).expand(3, 5, 5).clone().requires_grad_(True)
+    q = mvn_site(loc, tril)
+    assert q.base_dist.loc is loc
+    kl = torch.distributions.kl_divergence(q, WhitenedPrior(3, 5))
+    assert type(kl.grad_fn).__name__ != "ExpandBackward0"
+    assert torch.allclose(kl, standard_normal_kl(loc, tril).sum())
+    Kzx = torch.rand(5, 7)
+    L = torch.linalg.cholesky(Kzx @ Kzx.mT + torch.eye(5))
+    mean, var = conditional(Kzx, L, torch.full((7,), 2.0), loc, tril)
+    assert var.shape == mean.shape == (7, 3)
+    assert type(var.grad_fn).__name__ != "ExpandBackward0"
