@@ -284,10 +284,8 @@ class GPLayer(PyroModule):
                 f"layer '{self.name}': random inducing inputs need function_values=True "
                 "(centred) or whiten=True (non-centred)"
             )
-        if Z is None and self._random_Z is None:  # the stored Z already: nothing to swap
-            yield self
-            return
-        with swapped(self, "_random_Z", Z):
+        keep = Z is None and self._random_Z is None  # the stored Z already: nothing to swap
+        with contextlib.nullcontext() if keep else swapped(self, "_random_Z", Z):
             yield self
 
     def current_inducing_inputs(self) -> torch.Tensor:
