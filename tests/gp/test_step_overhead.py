@@ -95,3 +95,21 @@ def test_kl_and_variances_carry_no_expand_of_their_own_shape():
     mean, var = conditional(Kzx, L, torch.full((7,), 2.0), loc, tril)
     assert var.shape == mean.shape == (7, 3)
     assert type(var.grad_fn).__name__ != "ExpandBackward0"
+
+
+def test_a_guides_traces_wrap_no_function_metadata(monkeypatch):
+    """``poutine.trace(guide)`` copies a function's metadata onto its handler; a module has no
+    ``__name__``, so each step raised and caught two errors there."""
+    import functools
+
+    import pyro_dgp as dgp
+
+    pyro.clear_param_store()
+    X, y = torch.randn(12, 2), torch.randn(12)
+    model = dgp.DeepGP.regression(X, y, num_layers=2, hidden_dim=2, num_inducing=4)
+    guide = dgp.guides.MeanField(model)
+    guide(X, y)
+    calls = _count_calls(monkeypatch, functools, "update_wrapper")
+    guide_trace, model_trace = guide.traces(X, y)
+    assert not calls
+    assert {"layer1.u", "layer2.f"} <= set(guide_trace.nodes) and "y" in model_trace.nodes
