@@ -91,7 +91,8 @@ def conditional(
     else:
         mean, var = _projected(Kzx, Lzz, kxx_diag, u_loc, u_scale_tril)
     # Round-off can make the variance slightly negative where x sits on an inducing point.
-    return mean, var.clamp_min(torch.finfo(var.dtype).tiny).expand(mean.shape)
+    var = var.clamp_min(torch.finfo(var.dtype).tiny)
+    return mean, var if var.shape == mean.shape else var.expand(mean.shape)
 
 
 def _fold(B: torch.Tensor) -> torch.Tensor:

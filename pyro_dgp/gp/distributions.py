@@ -63,6 +63,11 @@ class _MaskedOut(MaskedDistribution):
     """``fn.mask(False)`` whose zero log-density has the value's dtype: Pyro's is float32
     whatever the value, which ``TraceEnum_ELBO``'s contraction rejects beside float64 terms."""
 
+    def expand(self, batch_shape, _instance=None):
+        if _instance is None and torch.Size(batch_shape) == self.batch_shape:
+            return self  # Pyro's plates expand every site's distribution to its own shape
+        return super().expand(batch_shape, _instance)
+
     def log_prob(self, value):
         if self._mask is not False:
             return super().log_prob(value)
@@ -98,6 +103,10 @@ class FunctionMarginal(dist.Independent):
         return value
 
     def expand(self, batch_shape, _instance=None):
+        if torch.Size(batch_shape) == self.batch_shape:
+            # Pyro's plates expand every site's distribution to its own shape: nothing to do
+            # (a new instance would take the square root of the variances again)
+            return self
         shape = torch.Size(batch_shape) + self.event_shape
         return FunctionMarginal(self.base_dist.loc.expand(shape), self.var.expand(shape),
                                 self.given_draw)

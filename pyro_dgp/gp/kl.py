@@ -30,10 +30,16 @@ def _kl_to_whitened_prior(p, q):
     ):
         return _kl_independent_independent(p, q)
     kl = standard_normal_kl(base.loc, base._unbroadcasted_scale_tril)
-    kl = kl.expand(base.batch_shape).sum(-1)
+    kl = _expanded(kl, base.batch_shape).sum(-1)
     if p.batch_shape == q.batch_shape:
-        return kl.expand(p.batch_shape)
+        return _expanded(kl, p.batch_shape)
     return kl.expand(torch.broadcast_shapes(p.batch_shape, q.batch_shape))
+
+
+def _expanded(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """``t.expand(shape)``, without the view (and its autograd node) where ``t`` has that
+    shape already (a layer's q(u) and prior, per step)."""
+    return t if t.shape == shape else t.expand(shape)
 
 
 def standard_normal_kl(loc: torch.Tensor, scale_tril: torch.Tensor) -> torch.Tensor:

@@ -55,9 +55,9 @@ def sample_hyperparameters(module: torch.nn.Module) -> None:
     PyroModule samples such a site at its first access in a call; touching them before the
     data plate opens keeps global hyperparameters out of it.
     """
-    for name, attrs in random_hyperparameters(module).items():
-        m = module.get_submodule(name)
-        for attr in attrs:
+    for m in module.modules():  # each module once, without building its dotted name
+        attrs = m.__dict__.get("_pyro_samples")  # PyroModule's registry of PyroSamples
+        for attr in list(attrs or ()):
             getattr(m, attr)
 
 
@@ -284,7 +284,8 @@ class GPLayer(PyroModule):
                 f"layer '{self.name}': random inducing inputs need function_values=True "
                 "(centred) or whiten=True (non-centred)"
             )
-        with swapped(self, "_random_Z", Z):
+        keep = Z is None and self._random_Z is None  # the stored Z already: nothing to swap
+        with contextlib.nullcontext() if keep else swapped(self, "_random_Z", Z):
             yield self
 
     def current_inducing_inputs(self) -> torch.Tensor:

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 
 import pyro.distributions as dist
 import torch
-from pyro import poutine
 from pyro.nn import PyroModule
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import _PYRO_STACK
+from pyro.poutine.trace_messenger import TraceMessenger
 from pyro.poutine.trace_struct import Trace
 from pyro.poutine.util import site_is_subsample
 
@@ -333,11 +333,14 @@ class LayerGuide(GuideProtocol, PyroModule):
         callers use it only where none is active (:class:`~pyro_dgp.elbo.AnalyticKL_ELBO`).
         """
         view: list = []
-        self._model_view = view
+        # a plain attribute (not a parameter, buffer or module): set without nn.Module's
+        # checks; and the trace handler without poutine.trace's functools.update_wrapper, whose
+        # look-ups of a module's missing __name__ and __qualname__ raise and catch errors
+        self.__dict__["_model_view"] = view
         try:
-            guide_trace = poutine.trace(self).get_trace(*args, **kwargs)
+            guide_trace = TraceMessenger()(self).get_trace(*args, **kwargs)
         finally:
-            self._model_view = None
+            self.__dict__["_model_view"] = None
         model_trace = Trace()
         for msg, site in view:
             site["value"] = msg["value"]  # final once the run is over

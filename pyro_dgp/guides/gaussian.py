@@ -139,6 +139,22 @@ class _OwnDrawMVN(dist.MultivariateNormal):
     :func:`~pyro_dgp.variational_pareto_k`. Any other value is scored by the general formula.
     """
 
+    def __init__(self, loc: torch.Tensor, scale_tril: torch.Tensor, validate_args=None):
+        if loc.dim() == 0 or scale_tril.shape != loc.shape + loc.shape[-1:]:
+            super().__init__(loc, scale_tril=scale_tril, validate_args=validate_args)
+            return
+        # loc (*b, M) and scale_tril (*b, M, M) already agree (q(u) of a layer): the state
+        # torch's constructor builds, without its Python broadcast of the shapes and without
+        # its expanded views (equal to the tensors; each an autograd node)
+        self.scale_tril, self.loc = scale_tril, loc
+        super(torch.distributions.MultivariateNormal, self).__init__(
+            loc.shape[:-1], loc.shape[-1:], validate_args=validate_args)
+        self._unbroadcasted_scale_tril = scale_tril
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(_OwnDrawMVN, _instance)
+        return super().expand(batch_shape, _instance=new)
+
     def rsample(self, sample_shape=torch.Size()):
         shape = self._extended_shape(sample_shape)
         eps = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)

@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from pyro.distributions import constraints
 from pyro.nn import PyroModule, PyroParam
 
+from ..constraints import positive
 from ..validation import check_positive_int, positive_tensor, unique_name
 
 if TYPE_CHECKING:
@@ -103,10 +103,10 @@ class Stationary(Kernel):
     def __init__(self, input_dim: int, variance=1.0, lengthscale=1.0, ard: bool = True):
         super().__init__(input_dim)
         self.variance = PyroParam(positive_hyperparameter(self, "variance", variance),
-                                  constraints.positive)
+                                  positive)
         self.lengthscale = PyroParam(
             positive_hyperparameter(self, "lengthscale", lengthscale, bool(ard)),
-            constraints.positive)
+            positive)
 
     #: compute distances directly instead of by ``|a|^2 + |b|^2 - 2 a.b`` (see ``_scaled_sqdist``)
     exact_distance = False

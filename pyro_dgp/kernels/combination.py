@@ -42,8 +42,9 @@ class Sum(_Combination):
         return out
 
     def conditional_parts(self, Z, X):
-        Kzz, Kzx, kxx = self.kernels[0].conditional_parts(Z, X)
-        for k in self.kernels[1:]:
+        first, *rest = self.kernels  # iterated: a slice of a ModuleList builds a new one
+        Kzz, Kzx, kxx = first.conditional_parts(Z, X)
+        for k in rest:
             kzz, kzx, kd = k.conditional_parts(Z, X)
             Kzz, kxx = Kzz + kzz, kxx + kd
             if kzx is not None:

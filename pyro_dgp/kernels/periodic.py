@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import torch
-from pyro.distributions import constraints
 from pyro.nn import PyroParam
 
+from ..constraints import positive
 from .base import Kernel, matrix_scale, pointwise, positive_hyperparameter
 
 __all__ = ["Periodic"]
@@ -26,11 +26,11 @@ class Periodic(Kernel):
         super().__init__(input_dim)
         ard = bool(ard)
         self.variance = PyroParam(positive_hyperparameter(self, "variance", variance),
-                                  constraints.positive)
+                                  positive)
         self.lengthscale = PyroParam(positive_hyperparameter(self, "lengthscale", lengthscale,
-                                                             ard), constraints.positive)
+                                                             ard), positive)
         self.period = PyroParam(positive_hyperparameter(self, "period", period, ard),
-                                constraints.positive)
+                                positive)
 
     def forward(self, X1, X2=None, diag=False):
         self._check(X1)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-from pyro.distributions import constraints
 from pyro.nn import PyroParam
 
+from ..constraints import positive
 from .base import Kernel, matrix_scale, pointwise, positive_hyperparameter
 
 __all__ = ["White"]
@@ -21,7 +21,7 @@ class White(Kernel):
     def __init__(self, input_dim: int, variance=1e-5):
         super().__init__(input_dim)
         self.variance = PyroParam(positive_hyperparameter(self, "variance", variance),
-                                  constraints.positive)
+                                  positive)
 
     def forward(self, X1, X2=None, diag=False):
         self._check(X1)

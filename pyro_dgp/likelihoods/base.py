@@ -92,6 +92,8 @@ class AnalyticObservation(dist.TorchDistribution):
 
     def expand(self, batch_shape, _instance=None):
         batch_shape = torch.Size(batch_shape)
+        if batch_shape == self.batch_shape:
+            return self  # Pyro's plates expand every site's distribution to its own shape
         f = None if self.f is None else self.f.expand(batch_shape)
         return AnalyticObservation(self.likelihood, self.loc.expand(batch_shape),
                          self.var.expand(batch_shape), self.hyperparameters, f, self.integrated)

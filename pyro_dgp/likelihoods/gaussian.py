@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import pyro.distributions as dist
-from pyro.distributions import constraints
 from pyro.nn import PyroParam
 
+from ..constraints import positive
 from ..validation import positive_tensor
 from .base import Likelihood
 
@@ -25,7 +25,7 @@ class Gaussian(Likelihood):
     def __init__(self, variance: float = 0.01):
         super().__init__()
         variance = positive_tensor(variance, "Gaussian: variance", scalar=True)
-        self.variance = PyroParam(variance, constraints.positive)
+        self.variance = PyroParam(variance, positive)
 
     def conditional(self, f):
         return dist.Normal(f, self.variance.sqrt())

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pyro.distributions as dist
 import torch
-from pyro.distributions import constraints
 from pyro.nn import PyroParam
 
+from ..constraints import positive
 from ..validation import check_positive_finite, positive_tensor
 from .base import Likelihood
 
@@ -144,7 +144,7 @@ class StudentT(Likelihood):
         super().__init__()
         self.df = check_positive_finite(df, "StudentT: df")
         scale = positive_tensor(scale, "StudentT: scale", scalar=True)
-        self.scale = PyroParam(scale, constraints.positive)
+        self.scale = PyroParam(scale, positive)
 
     def conditional(self, f):
         return dist.StudentT(self.df, f, self.scale)

@@ -9,6 +9,7 @@ import torch
 from pyro.distributions import constraints
 from pyro.nn import PyroParam
 
+from ...constraints import positive
 from ...validation import check_positive_int
 from ..blocks import GaussianBlocks
 from ..joint import JointGaussian
@@ -61,7 +62,7 @@ class Coupled(GaussianBlocks, JointGaussian):
             W = 1e-3 * math.sqrt(T) * torch.randn(T, self.rank, generator=g, dtype=ref.dtype)
             W = W.to(ref.device)  # the factor used is W / sqrt(T): 1e-3 N(0, 1) entries
             self.cov_factor = PyroParam(W)
-            self.cov_diag = PyroParam(var, constraints.positive)
+            self.cov_diag = PyroParam(var, positive)
 
     def factor(self):
         block = self.substituted_block("joint")
@@ -97,7 +98,7 @@ class Coupled(GaussianBlocks, JointGaussian):
         with torch.no_grad():
             copy_into(self, "loc", q.loc, constraints.real)
             copy_into(self, "cov_factor", q.cov_factor * math.sqrt(T))  # factor() divides
-            copy_into(self, "cov_diag", q.cov_diag, constraints.positive)
+            copy_into(self, "cov_diag", q.cov_diag, positive)
         return True
 
     def gaussian_blocks(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

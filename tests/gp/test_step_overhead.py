@@ -1,0 +1,115 @@
+"""Per-step Python work that a training step must not repeat: each test counts a call the hot
+path used to make (a shape broadcast in Python, a ModuleList built per kernel call, an
+attribute swapped per layer call) and checks the results are unchanged."""
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+
+import pyro_dgp.gp.layer as layer_module
+from pyro_dgp.gp.conditional import conditional
+from pyro_dgp.gp.distributions import FunctionMarginal, WhitenedPrior, masked_out
+from pyro_dgp.gp.kl import standard_normal_kl
+from pyro_dgp.guides.gaussian import mvn_site
+from pyro_dgp.kernels import RBF, Sum, White
+from pyro_dgp.likelihoods import AnalyticObservation, Gaussian
+
+
+def _count_calls(monkeypatch, owner, name):
+    calls = []
+    original = getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
+def test_q_u_is_built_without_a_python_shape_broadcast(monkeypatch):
+    loc = torch.randn(3, 5, dtype=torch.float64)
+    tril = torch.randn(3, 5, 5, dtype=torch.float64).tril()
+    tril.diagonal(dim1=-2, dim2=-1).copy_(torch.rand(3, 5) + 0.5)
+    reference = dist.MultivariateNormal(loc, scale_tril=tril).to_event(1)
+    calls = _count_calls(monkeypatch, torch, "broadcast_shapes")
+    q = mvn_site(loc, tril)
+    assert not calls
+    assert q.batch_shape == reference.batch_shape and q.event_shape == reference.event_shape
+    x = torch.randn(3, 5, dtype=torch.float64)
+    assert torch.allclose(q.log_prob(x), reference.log_prob(x))
+    assert q.expand((2,)).sample().shape == (2, 3, 5)  # Pyro's plates expand it
+    with pytest.raises(ValueError, match="scale_tril"):  # validated as torch validates it
+        type(q.base_dist)(loc, -tril, validate_args=True)
+
+
+def test_sum_kernel_parts_without_building_a_module_list(monkeypatch):
+    kernel = Sum(RBF(2), White(2, variance=0.3))
+    Z, X = torch.randn(4, 2), torch.randn(6, 2)
+    calls = _count_calls(monkeypatch, torch.nn.ModuleList, "__init__")
+    Kzz, Kzx, kxx = kernel.conditional_parts(Z, X)
+    assert not calls
+    assert torch.allclose(Kzz, kernel(Z)) and torch.allclose(Kzx, kernel(Z, X))
+    assert torch.allclose(kxx, kernel(X, diag=True))
+
+
+def test_a_layer_with_its_stored_inducing_inputs_swaps_nothing(monkeypatch):
+    pyro.clear_param_store()
+    layer = layer_module.GPLayer(2, 1, num_inducing=3)
+    calls = _count_calls(monkeypatch, layer_module, "swapped")
+    with layer.given_inducing_inputs(None):
+        assert layer.current_inducing_inputs() is not None
+    assert not calls
+    Z = torch.randn(3, 2)
+    with layer.given_inducing_inputs(Z):  # random inducing inputs still swap in and out
+        assert layer.current_inducing_inputs() is Z
+        with layer.given_inducing_inputs(None):  # and None inside restores the stored Z
+            assert layer.current_inducing_inputs() is not Z
+    assert layer.current_inducing_inputs() is not Z and len(calls) == 2
+
+
+def test_sites_expanded_to_their_own_shape_are_not_rebuilt(monkeypatch):
+    loc, var = torch.randn(4, 2), torch.rand(4, 2) + 0.1
+    f = FunctionMarginal(loc, var)
+    masked = masked_out(f)
+    obs = AnalyticObservation(Gaussian(0.5), loc[:, 0], var[:, 0], hyperparameters={})
+    calls = _count_calls(monkeypatch, torch.Tensor, "sqrt")
+    assert f.expand((4,)) is f and masked.expand((4,)) is masked and obs.expand((4,)) is obs
+    assert not calls
+    wider = masked.expand((3, 4))  # another shape: a new, expanded distribution
+    assert wider.batch_shape == (3, 4) and torch.equal(wider.base_dist.var[1], var)
+    assert obs.expand((3, 4)).loc.shape == (3, 4)
+
+
+def test_kl_and_variances_carry_no_expand_of_their_own_shape():
+    loc = torch.randn(3, 5, requires_grad=True)
+    tril = (torch.eye(5) * 0.7).expand(3, 5, 5).clone().requires_grad_(True)
+    q = mvn_site(loc, tril)
+    assert q.base_dist.loc is loc
+    kl = torch.distributions.kl_divergence(q, WhitenedPrior(3, 5))
+    assert type(kl.grad_fn).__name__ != "ExpandBackward0"
+    assert torch.allclose(kl, standard_normal_kl(loc, tril).sum())
+    Kzx = torch.rand(5, 7)
+    L = torch.linalg.cholesky(Kzx @ Kzx.mT + torch.eye(5))
+    mean, var = conditional(Kzx, L, torch.full((7,), 2.0), loc, tril)
+    assert var.shape == mean.shape == (7, 3)
+    assert type(var.grad_fn).__name__ != "ExpandBackward0"
+
+
+def test_a_guides_traces_wrap_no_function_metadata(monkeypatch):
+    """``poutine.trace(guide)`` copies a function's metadata onto its handler; a module has no
+    ``__name__``, so each step raised and caught two errors there."""
+    import functools
+
+    import pyro_dgp as dgp
+
+    pyro.clear_param_store()
+    X, y = torch.randn(12, 2), torch.randn(12)
+    model = dgp.DeepGP.regression(X, y, num_layers=2, hidden_dim=2, num_inducing=4)
+    guide = dgp.guides.MeanField(model)
+    guide(X, y)
+    calls = _count_calls(monkeypatch, functools, "update_wrapper")
+    guide_trace, model_trace = guide.traces(X, y)
+    assert not calls
+    assert {"layer1.u", "layer2.f"} <= set(guide_trace.nodes) and "y" in model_trace.nodes
