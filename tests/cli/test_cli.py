@@ -58,6 +58,7 @@ def test_bench_uci_from_the_command_line(tmp_path, capsys):
     assert len(out.read_text().splitlines()) == 1
 
 
+@pytest.mark.slow  # about 8 s: runs the whole benchmark at a small size
 def test_bench_compositional_from_the_command_line(tmp_path):
     import compositional
 

@@ -41,6 +41,7 @@ def _toy_fit(kind, steps=300):
     return model, guide, X, y
 
 
+@pytest.mark.slow  # about 4.5 s: two fits
 def test_collapse_indicator_meanfield_vs_joint_guide():
     """A mean-field guide makes the inner layer of a compositional fit deterministic
     (posterior / prior variance ~ 0), a guide coupling the layers keeps its uncertainty.

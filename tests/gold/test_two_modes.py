@@ -53,6 +53,7 @@ def _one(masses):
     return min(masses) == 0.0 and max(masses) >= 0.9
 
 
+@pytest.mark.slow  # about 3 s of NUTS
 def test_nuts_keeps_both_modes_from_starts_in_both():
     # reduced: 2 chains of 40 warm-up and 20 kept draws, 8 quadrature nodes, trees of depth
     # at most 4. Chains start at prior draws; seeds 3 and 4 start in the basins of B and A

@@ -109,7 +109,7 @@ def test_chain_represents_the_same_joint_as_coupled(whiten):
         assert abs(float(a.mean() - b.mean())) < 3 * se
 
 
-@pytest.mark.parametrize("Guide", [Coupled, Chain])
+@pytest.mark.parametrize("Guide", [Coupled, pytest.param(Chain, marks=pytest.mark.slow)])
 def test_per_point_draws_lower_the_variance_and_shared_draws_give_sample_paths(Guide):
     model, X, y = _model()
     guide = Guide(model)

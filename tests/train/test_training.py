@@ -32,6 +32,7 @@ def _fit_and_score(data, num_layers, steps, **kwargs):
     return dgp.metrics.nll(pred, data.y_test)
 
 
+@pytest.mark.slow  # about 6 s: three fits
 def test_two_layers_beat_one_on_a_step_and_both_beat_a_bad_initialisation(step):
     deep = _fit_and_score(step, 2, 600)
     shallow = _fit_and_score(step, 1, 600)
