@@ -107,8 +107,8 @@ def reflect_draws(model, draws: dict[str, torch.Tensor]) -> dict[str, torch.Tens
 
 
 def symmetrised(gold: GoldStandard) -> GoldStandard:
-    """``gold`` with the reflection of each chain added (chains ``C .. 2C - 1`` mirror chains
-    ``0 .. C - 1``), each group of chains and its mirror sharing the group's weight: the
+    """``gold`` with the reflection of each chain added (chain ``C + c`` mirrors chain ``c``
+    for ``c < C``), each group of chains and its mirror sharing the group's weight: the
     mixture ``(p + p o R) / 2`` (module docstring). Each mirror group's diagnostics are its
     group's. Checks the symmetry first (:func:`check_reflection_symmetric`).
 
