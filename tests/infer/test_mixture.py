@@ -207,5 +207,5 @@ def test_a_mixture_of_narrow_starts_keeps_draws_in_both_modes_of_the_two_mode_to
         dgp.fit(model, mixture, X, y, num_steps=300, lr=5e-3, seed=0, progress=False,
                 final_elbo_particles=0, lr_schedule="constant")
     x_star = torch.tensor([[gold.TWO_MODE_INPUT]], dtype=DT)
-    values = gold.guidesplit_layers(model, mixture, x_star, "layer1", num_samples=2000)
+    values = gold.guide_layer_values(model, mixture, x_star, "layer1", num_samples=2000)
     assert min(gold.mode_masses(values)) >= 0.1
