@@ -40,16 +40,25 @@ class Run:
     seed: int = 0
 
 
+def _split_token(objective: str) -> tuple[str, int]:
+    """``(objective, particles)`` of a token ``<objective>[,P=<n>]`` (``n`` training draws per
+    step and point; 1 when not given)."""
+    name, _, draws = objective.partition(",P=")
+    return name, int(draws) if draws else 1
+
+
 def objective_argv(objective: str) -> list[str]:
     """``uci.py`` options of an objective token (``alpha=1`` -> ``--objective alpha --alpha
-    1``)."""
-    if objective.startswith("alpha="):
-        return ["--objective", "alpha", "--alpha", objective.split("=", 1)[1]]
-    return ["--objective", objective]
+    1``; ``auto,P=10`` -> ``--objective auto --particles 10``)."""
+    name, particles = _split_token(objective)
+    draws = ["--particles", str(particles)] if particles != 1 else []
+    if name.startswith("alpha="):
+        return ["--objective", "alpha", "--alpha", name.split("=", 1)[1], *draws]
+    return ["--objective", name, *draws]
 
 
 def objective_label(objective: str) -> str:
-    """The harness's record label of an objective token."""
+    """The harness's record label of an objective token (its draws are a setting)."""
     parser = uci.build_parser()
     return uci.objective_label(parser.parse_args(objective_argv(objective)))
 
@@ -84,12 +93,13 @@ def _argv(run: Run, args) -> list[str]:
 def find(records: list[dict], run: Run, args) -> dict | None:
     """The last finished record of ``run`` at these settings (``None``: not run yet)."""
     want = (run.dataset, run.guide, objective_label(run.objective), run.split, run.layers,
-            args.steps, args.batch_size, args.num_inducing, run.seed)
+            args.steps, args.batch_size, args.num_inducing, run.seed,
+            _split_token(run.objective)[1])
     for rec in reversed(records):
         s = rec.get("settings", {})
         have = (rec.get("dataset"), rec.get("guide"), rec.get("objective"), rec.get("split"),
                 rec.get("layers"), s.get("steps"), s.get("batch_size"), s.get("inducing"),
-                s.get("seed"))
+                s.get("seed"), s.get("particles", 1))
         if have == want and rec.get("status") != "failed":
             return rec
     return None

@@ -16,7 +16,8 @@ __all__ = ["ATLAS_GUIDES", "LINDINGER", "OBJECTIVES", "SET_ORDER", "atlas_rows",
 SET_ORDER = ("yacht", "boston", "energy", "concrete", "wine_red", "kin8nm", "power", "naval",
              "protein")
 #: the defaults study's objectives, as its records name them, and their headers
-OBJECTIVES = {"auto": "ELBO", "alpha=0.5": "alpha 0.5", "alpha=1": "alpha 1"}
+OBJECTIVES = {"auto": "ELBO", "auto,P=10": "ELBO, 10 draws", "alpha=0.5": "alpha 0.5",
+              "alpha=1": "alpha 1"}
 #: the atlas's guides in the order of its rows
 ATLAS_GUIDES = ("meanfield", "coupled", "chain", "ssivi", "ssivi-iwhvi", "ssivi-discrete",
                 "amortized-ar2pp", "mixture", "stacked", "meanfield x5")

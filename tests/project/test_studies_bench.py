@@ -3,6 +3,7 @@
 pivot of objectives."""
 
 import math
+from types import SimpleNamespace
 
 import grid
 import guides
@@ -87,6 +88,9 @@ def test_objective_tokens_map_to_the_harness():
     assert grid.objective_argv("auto") == ["--objective", "auto"]
     assert grid.objective_label("alpha=0.5") == "alpha=0.5,S=10"
     assert grid.objective_label("auto") == "auto"
+    assert grid.objective_argv("auto,P=10") == ["--objective", "auto", "--particles", "10"]
+    assert grid.objective_argv("alpha=1,P=5")[-2:] == ["--particles", "5"]
+    assert grid.objective_label("auto,P=10") == "auto"
 
 
 def _defaults_record(dataset, objective, loglik, rmse, splits=1, date="2026-11-28"):
@@ -140,3 +144,14 @@ def test_the_choice_runs_follow_the_parts_asked_for():
         ("ssivi-iwhvi", "auto"), ("ssivi-discrete", "auto")}
     assert {r.guide for r in guides.choice_runs("energy", 0, ("ensemble",))} == {"meanfield"}
     assert guides.choice_runs("boston", 1) == []
+
+
+def test_find_tells_runs_of_different_draws_apart():
+    args = SimpleNamespace(steps=3000, batch_size=1000, num_inducing=100)
+    rec = {"dataset": "energy", "guide": "meanfield", "objective": "auto", "split": 0,
+           "layers": 2, "status": "ok", "settings": {"steps": 3000, "batch_size": 1000,
+                                                     "inducing": 100, "seed": 0}}
+    ten = {**rec, "settings": {**rec["settings"], "particles": 10}}
+    assert grid.find([rec], grid.Run("energy", "meanfield", "auto", 0), args) is rec
+    assert grid.find([rec], grid.Run("energy", "meanfield", "auto,P=10", 0), args) is None
+    assert grid.find([rec, ten], grid.Run("energy", "meanfield", "auto,P=10", 0), args) is ten
