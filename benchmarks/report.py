@@ -448,6 +448,21 @@ SECTIONS = (
              _ratio("ours", "gpytorch")),
             "Milliseconds per training step (`plain`: the same maths written directly in "
             "torch, the floor)."),
+    Section("Where does a GPyTorch DeepGP step spend its time?", "gpytorch_step",
+            lambda rec: True,
+            (Column("layers, batch", lambda rec, flat: f"{rec['settings']['layers']}, "
+                    f"{rec['settings']['batch']}", ("layers", "batch")),
+             _setting("dtype"), _setting("threads"), _setting("variant"),
+             _figure("step_ms", "step ms"), _figure("forward_ms", "forward"),
+             _figure("backward_ms", "backward"), _figure("optimiser_ms", "optimiser"),
+             Column("most self time", lambda rec, flat: str(
+                 (rec["figures"].get("top_operators") or [""])[0]))),
+            "`benchmarks/gpytorch_step.py`: GPyTorch's step (as in the section above) under "
+            "the settings a user meets: `num_likelihood_samples` 1 (the section above) or 10 "
+            "(GPyTorch's default and its Deep GP tutorial's), `gpytorch.settings.debug` off "
+            "or on (its default), beside ours on the same data and parameters; medians of "
+            "interleaved rounds. The machine record holds the gpytorch and linear_operator "
+            "versions."),
     Section("How long is a step on GPU?", "speed",
             lambda rec: rec["settings"].get("device") == "cuda",
             (LAYERS_BATCH,

@@ -184,3 +184,32 @@ def test_plain_pyro_svi_computes_the_same_loss_and_gradients_as_ours():
     scale = max(float(g.abs().max()) for g in grads["ours"])  # some are round-off zeros
     for a, b in zip(grads["ours"], grads["svi"], strict=True):
         torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-9 * scale)
+
+
+def test_gpytorch_step_variants_record_their_split_and_settings(tmp_path, monkeypatch):
+    """``gpytorch_step.py``: one line per variant (ours and the three GPyTorch settings), each
+    with forward, backward and optimiser times that add up to about the step, and the ten
+    likelihood samples really reach GPyTorch's layers (its second layer sees 10x the rows)."""
+    pytest.importorskip("gpytorch")
+    import json
+
+    import gpytorch_step
+
+    monkeypatch.setenv("PYRO_DGP_RESULTS_DIR", str(tmp_path))
+    args = ["--num-inducing", "6", "--batch", "30", "--hidden", "2", "--num-data", "90",
+            "--repeats", "2", "--warmup", "1", "--top", "2"]
+    assert gpytorch_step.main(args) == 0
+    records = [json.loads(line) for line in (tmp_path / "gpytorch_step.jsonl").open()]
+    assert [r["settings"]["variant"] for r in records] == [
+        "ours", *(name for name, _, _ in gpytorch_step.VARIANTS)]
+    for r in records:
+        f = r["figures"]
+        assert min(f["forward_ms"], f["backward_ms"], f["optimiser_ms"]) > 0
+        assert len(f["top_operators"]) == 2
+    cfg = Config(num_layers=2, num_inducing=6, batch_size=30, hidden_dim=2, num_data=90)
+    X, y, batches, impls = make_implementations(cfg, ("ours",))
+    gp = gpytorch_step.GPyTorchAs(cfg, X, y, impls["ours"], samples=10, debug=False)
+    seen, mll = [], gp.mll
+    gp.mll = lambda output, target: seen.append(output.mean.shape) or mll(output, target)
+    gp.loss(X[batches[0]], y[batches[0]])
+    assert seen == [torch.Size([10, 30])]
