@@ -49,12 +49,15 @@ def _split_token(objective: str) -> tuple[str, int]:
 
 def objective_argv(objective: str) -> list[str]:
     """``uci.py`` options of an objective token (``alpha=1`` -> ``--objective alpha --alpha
-    1``; ``auto,P=10`` -> ``--objective auto --particles 10``)."""
+    1``; ``auto,P=10`` -> ``--objective auto --particles 10``; not for the alpha objective,
+    whose draws are its own setting)."""
     name, particles = _split_token(objective)
-    draws = ["--particles", str(particles)] if particles != 1 else []
     if name.startswith("alpha="):
-        return ["--objective", "alpha", "--alpha", name.split("=", 1)[1], *draws]
-    return ["--objective", name, *draws]
+        if particles != 1:
+            raise ValueError(f"objective {objective!r}: the alpha objective's draws are its "
+                             "S = 10 (uci.py --alpha-samples); leave out ',P='")
+        return ["--objective", "alpha", "--alpha", name.split("=", 1)[1]]
+    return ["--objective", name, *(["--particles", str(particles)] if particles != 1 else [])]
 
 
 def objective_label(objective: str) -> str:
