@@ -12,6 +12,7 @@ import torch
 from ..datasets.stream import RowStream, as_stream
 from ..infer.minibatch import FULL_SIZE_PLATE, misscaled_observations
 from ..infer.objectives import objective_and_particles
+from ..likelihoods import Gaussian, StudentT
 from ..rng import MAX_SEED
 from ..validation import (
     as_tensor_input,
@@ -25,8 +26,13 @@ from ..validation import (
 from .batches import check_stream
 from .monitor import VALIDATION_CHUNK_ROWS
 
-__all__ = ["VALIDATIONS_PER_RUN", "check_arguments", "check_options", "check_progress",
-           "check_validation_scale", "check_watchers", "validation_data"]
+__all__ = ["DISCRETE_TARGET_VALUES", "VALIDATIONS_PER_RUN", "check_arguments", "check_options",
+           "check_progress", "check_validation_scale", "check_watchers", "validation_data",
+           "warn_discrete_targets"]
+
+#: at most this many distinct values (among more than twice as many points) make targets
+#: discrete for :func:`warn_discrete_targets`
+DISCRETE_TARGET_VALUES = 20
 
 #: evaluations of the validation loss over a run, when ``validate_every`` is not given
 VALIDATIONS_PER_RUN = 50
@@ -190,3 +196,24 @@ def check_validation_scale(model, guide, X_val, y_val, num_data: int) -> None:
             f"validation=(X_val, y_val) scores {n} held-out rows as a minibatch of the "
             f"{num_data} training points, but {'; '.join(problems)}. To score it, "
             f"{FULL_SIZE_PLATE}, or pass validation=callable (model, guide) -> loss")
+
+
+def warn_discrete_targets(objective, y, likelihood) -> None:
+    """Warn where the local alpha objective with a continuous ``likelihood`` (Gaussian,
+    Student-t; other models are left alone) meets targets ``y (N,)`` with at most
+    :data:`DISCRETE_TARGET_VALUES` distinct values among ``N > 2 x`` that many points
+    (ratings, counts, standardised or not). That objective is each point's log predictive
+    density under the mixture of the draws; on such targets it can drive the Gaussian noise
+    variance towards zero and put spikes of density on the values, so the fit's
+    log-likelihood stops measuring it (``benchmarks/results/history.md``, "Defaults study and
+    guide atlas")."""
+    if (objective != "alpha" or not isinstance(y, torch.Tensor)
+            or not isinstance(likelihood, Gaussian | StudentT)):
+        return
+    distinct = len(torch.unique(y.detach()))
+    if distinct <= DISCRETE_TARGET_VALUES and len(y) > 2 * distinct:
+        warnings.warn(
+            f"y takes only {distinct} distinct values over {len(y)} points: the alpha objective "
+            "can shrink the Gaussian noise towards zero and spike its predictive on those "
+            "values, which makes its log-likelihood meaningless; prefer objective='auto' (the "
+            "ELBO) or a likelihood for discrete targets", UserWarning, stacklevel=3)

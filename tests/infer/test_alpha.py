@@ -166,3 +166,32 @@ def test_bad_arguments_name_the_problem():
     with pytest.raises(ValueError, match=r"alpha must lie in \(0, 1\]"):
         dgp.fit(model, dgp.guides.MeanField(model), X, y, num_steps=1, objective="alpha",
                 alpha=2.0, progress=False)
+
+
+def test_fit_warns_when_the_alpha_objective_meets_few_valued_targets():
+    """Ratings (standardised or not) warn under the alpha objective, never under the ELBO;
+    continuous targets, a handful of points with as many values and a classifier's labels
+    do not warn."""
+    import warnings
+
+    X, y = _data(n=60)
+    ratings = torch.round(2 * y) + 5
+    standardised = (ratings - ratings.mean()) / ratings.std()
+    for targets in (ratings, standardised):
+        model = dgp.DeepGP.regression(X, targets, num_layers=1, num_inducing=5)
+        with pytest.warns(UserWarning, match="only 5 distinct values over 60 points"):
+            dgp.fit(model, dgp.guides.MeanField(model), X, targets, num_steps=1,
+                    objective="alpha", progress=False, final_elbo_particles=0)
+    for objective, (Xs, targets) in (("auto", (X, ratings)), ("alpha", (X, y)),
+                                     ("alpha", (X[:8], torch.arange(8, dtype=DT)))):
+        model = dgp.DeepGP.regression(Xs, targets, num_layers=1, num_inducing=5)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=".*distinct values")
+            dgp.fit(model, dgp.guides.MeanField(model), Xs, targets, num_steps=1,
+                    objective=objective, progress=False, final_elbo_particles=0)
+    labels = (y > 0).to(DT)
+    model = dgp.DeepGP.classification(X, labels, num_layers=1, num_inducing=5)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*distinct values")
+        dgp.fit(model, dgp.guides.MeanField(model), X, labels, num_steps=1, objective="alpha",
+                progress=False, final_elbo_particles=0)
