@@ -18,7 +18,9 @@ Guides (DGP 2, the harness's package initialisation, ``--steps`` Adam steps, bat
   Meng and Zhang 2024's widths and inducing points) and ``mixture`` (K = 4), each with its own
   objective;
 - ``stacked``: the stacking mixture of the fits above on the same split, weights from their
-  training points' PSIS-LOO densities (``benchmarks/pointwise.py``);
+  training points' PSIS-LOO densities (``benchmarks/pointwise.py``); ``stacked, both
+  objectives``: the same over every fit of the split the runs file holds, the objective
+  not chosen included (the ELBO's and alpha = 1's fits of each family);
 - ``meanfield x5``: the stacked mean-field fits of base seeds 0-4 (the atlas's own mean-field
   fit is seed 0), on the five smallest sets.
 
@@ -48,7 +50,7 @@ SEMI_IMPLICIT = ("ssivi", "ssivi-iwhvi", "ssivi-discrete")
 CHECK_SET = "boston"
 OWN_OBJECTIVE = {"amortized-ar2pp": 3, "mixture": 2}
 SEEDS = (1, 2, 3, 4)
-STACKED, ENSEMBLE = "stacked", "meanfield x5"
+STACKED, STACKED_ALL, ENSEMBLE = "stacked", "stacked, both objectives", "meanfield x5"
 #: the parts of the atlas ``--guides`` selects
 PARTS = (*CHOSEN_OBJECTIVE, "semi-implicit", *OWN_OBJECTIVE, "ensemble")
 
@@ -157,7 +159,7 @@ def _stack_figures(recs: dict[str, dict], args) -> dict | None:
 
 def split_lines(records: list[dict], dataset: str, split: int, args) -> dict[tuple, dict]:
     """``{(guide, objective): figures}`` of one set and split: each finished member, the
-    stack of the members, the seed ensemble."""
+    stack of the members, the stack of every fit of both objectives, the seed ensemble."""
     out = {}
     found = {label: grid.find(records, run, args)
              for label, run in members(records, dataset, split, args).items()}
@@ -167,6 +169,15 @@ def split_lines(records: list[dict], dataset: str, split: int, args) -> dict[tup
     stacked = _stack_figures(found, args)
     if stacked is not None:
         out[(STACKED, "own")] = stacked
+    every: dict[str, dict] = {}
+    candidates = [(f"{g} {o}", grid.find(records, grid.Run(dataset, g, o, split), args))
+                  for g in CHOSEN_OBJECTIVE for o in OBJECTIVE_CHOICES]
+    for label, rec in [*found.items(), *candidates]:
+        if rec is not None and all(rec is not r for r in every.values()):
+            every[label] = rec
+    both = _stack_figures(every, args) if len(every) > len(found) else None
+    if both is not None:
+        out[(STACKED_ALL, "own")] = both
     seeds = [grid.find(records, run, args) for run in seed_members(records, dataset, split,
                                                                    args)]
     if seeds and all(r is not None for r in seeds):

@@ -156,3 +156,32 @@ def test_find_tells_runs_of_different_draws_apart():
     assert grid.find([rec], grid.Run("energy", "meanfield", "auto", 0), args) is rec
     assert grid.find([rec], grid.Run("energy", "meanfield", "auto,P=10", 0), args) is None
     assert grid.find([rec, ten], grid.Run("energy", "meanfield", "auto,P=10", 0), args) is ten
+
+
+def test_the_atlas_stacks_both_objectives_of_a_split_beside_its_chosen_fits(tmp_path):
+    """Mean-field fits with the ELBO and with alpha = 1 on one split: the chosen one is the
+    atlas's member, ``stacked`` needs two members so is absent, and ``stacked, both
+    objectives`` is the stack of the two fits (weights from their LOO densities)."""
+    y = torch.linspace(-1.0, 4.0, 9, dtype=torch.float64)
+    rng = np.random.default_rng(1)
+    loo = {"auto": rng.normal(-1.2, 0.3, 30), "alpha=1": rng.normal(-1.6, 0.3, 30)}
+    records, paths = [], []
+    for k, (objective, lp) in enumerate(loo.items()):
+        path = _side_file(tmp_path, objective, k, y, lp)
+        paths.append(path)
+        records.append({
+            "dataset": "energy", "guide": "meanfield", "split": 0, "layers": 2, "status": "ok",
+            "objective": grid.objective_label(objective), "seconds": 10.0 + k,
+            "settings": {"steps": 3000, "batch_size": 1000, "inducing": 100, "seed": 0},
+            "metrics": {"test_loglik": -1.0, "rmse": 1.0, "crps": 0.5, "coverage95": 0.9},
+            "diagnostics": {"pointwise": path.name}})
+    args = SimpleNamespace(steps=3000, batch_size=1000, num_inducing=100,
+                           pointwise_dir=str(tmp_path))
+    lines = guides.split_lines(records, "energy", 0, args)
+    assert ("meanfield", "auto") in lines and (guides.STACKED, "own") not in lines
+    both = lines[(guides.STACKED_ALL, "own")]
+    expected = pointwise.stack_runs(paths)
+    assert both["test_loglik"] == pytest.approx(expected["test_loglik"])
+    assert both["weights"] == {"meanfield": pytest.approx(expected["weights"][0]),
+                               "meanfield alpha=1": pytest.approx(expected["weights"][1])}
+    assert both["seconds"] == pytest.approx(21.0)
