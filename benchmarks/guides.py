@@ -67,12 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ---------------------------------------------------------------------------- choices
 def loo_elpd(rec: dict | None, args) -> float:
-    """Mean PSIS-LOO log density of a run's training points (NaN: no run or no LOO)."""
+    """Mean PSIS-LOO log density of a run's training points (NaN: no run or no side file;
+    -inf: a run whose LOO is not finite, which then loses every choice)."""
     name = (rec or {}).get("diagnostics", {}).get("pointwise")
     path = Path(args.pointwise_dir) / name if name else None
     if path is None or not path.exists():
         return math.nan
-    return float(np.mean(pointwise.load_run(path)["loo_logp"]))
+    value = float(np.mean(pointwise.load_run(path)["loo_logp"]))
+    return value if math.isfinite(value) else -math.inf  # a run whose PSIS-LOO failed
 
 
 def _best(candidates: dict[str, float]) -> str | None:

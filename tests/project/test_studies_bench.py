@@ -80,6 +80,7 @@ def test_runs_of_different_splits_are_refused(tmp_path):
 def test_a_choice_waits_for_every_candidate():
     assert guides._best({"auto": -1.2, "alpha=1": -1.1}) == "alpha=1"
     assert guides._best({"auto": -1.2, "alpha=1": math.nan}) is None
+    assert guides._best({"auto": -1.2, "alpha=1": -math.inf}) == "auto"
     assert guides._best({}) is None
 
 
