@@ -10,6 +10,12 @@ and the bias of the mixture mean. Runs go to the shared runs file of ``grid.py``
 serves every study that needs it); one line per (set, guide, objective) and number of splits
 goes to ``benchmarks/results/defaults.jsonl``.
 
+``stack``: the stacking (Yao, Vehtari and Gelman 2022) of each split's ELBO fit and alpha = 1
+fit, no extra training. With ``--validation F`` every run trains on the rest of its training
+split and the stacking weights come from the held-out fraction ``F`` (separate runs from those
+without, which take the weights from the fits' PSIS-LOO densities instead: biased towards the
+ELBO's fit, whose noise does not collapse).
+
 Resumable: re-issue the same command to continue.
 """
 
@@ -20,12 +26,17 @@ import sys
 from pathlib import Path
 
 import grid
+import numpy as np
+import pointwise
 import results
 import uci
 
 DATASETS = ["boston", "energy", "concrete", "wine_red", "kin8nm", "power"]
 GUIDES = ["meanfield", "coupled"]
 OBJECTIVES = ["auto", "alpha=1", "alpha=0.5"]
+#: the fits stacked into the ``stack`` column: the ELBO's and alpha = 1's of one split
+STACKED = ("auto", "alpha=1")
+STACK = "stack"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,29 +58,70 @@ def plan(args) -> list[grid.Run]:
             for g in args.guides for ds in args.datasets]
 
 
+def _settings(args, dataset: str, guide: str, objective: str, splits: int) -> dict:
+    return {"dataset": dataset, "model": "DGP 2", "guide": guide, "objective": objective,
+            "steps": args.steps, "batch": args.batch_size, "inducing": args.num_inducing,
+            "dtype": "float64", "splits": splits,
+            **({"validation": args.validation} if args.validation else {})}
+
+
 def record(args, dataset: str, guide: str, objective: str) -> None:
     """One line of ``defaults.jsonl``: this configuration over the splits it has so far."""
     records = uci.read_records(Path(args.out))
     found = [grid.find(records, grid.Run(dataset, guide, objective, k), args)
              for k in args.splits]
     found = [r for r in found if r is not None]
-    if not found:
+    if found:
+        results.record("defaults", _settings(args, dataset, guide, objective, len(found)),
+                       grid.summary_figures(found))
+
+
+def stack_figures(records: list[dict], dataset: str, guide: str, split: int, args) -> dict | None:
+    """The stacking of the :data:`STACKED` fits of one split (weights from their held-out
+    densities in runs of ``--validation``, else from their PSIS-LOO densities), or ``None``
+    until both have side files with finite densities."""
+    found = [grid.find(records, grid.Run(dataset, guide, o, split), args) for o in STACKED]
+    names = [(r or {}).get("diagnostics", {}).get("pointwise") for r in found]
+    if not all(names):
+        return None
+    paths = [Path(args.pointwise_dir) / name for name in names]
+    key = "val_logp" if args.validation else "loo_logp"
+    if not all(p.exists() and np.isfinite(pointwise.load_run(p)[key]).all() for p in paths):
+        return None
+    figures = pointwise.stack_runs(paths)
+    figures["seconds"] = sum(r["seconds"] for r in found)
+    return figures
+
+
+def record_stack(args, dataset: str, guide: str) -> None:
+    """One line of ``defaults.jsonl`` for the :data:`STACK` column over the splits it has."""
+    records = uci.read_records(Path(args.out))
+    per_split = [f for k in args.splits
+                 if (f := stack_figures(records, dataset, guide, k, args)) is not None]
+    if not per_split:
         return
-    settings = {"dataset": dataset, "model": "DGP 2", "guide": guide, "objective": objective,
-                "steps": args.steps, "batch": args.batch_size, "inducing": args.num_inducing,
-                "dtype": "float64", "splits": len(found)}
-    results.record("defaults", settings, grid.summary_figures(found))
+    figures: dict = {"splits_run": len(per_split),
+                     "weights": [f["weights"] for f in per_split],
+                     "weights_from": per_split[0]["weights_from"]}
+    for name in ("test_loglik", "rmse", "crps", "coverage95", "seconds"):
+        figures[name], figures[f"{name}_se"] = uci.mean_se([f[name] for f in per_split])
+    results.record("defaults", _settings(args, dataset, guide, STACK, len(per_split)), figures)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    left = grid.run_grid(plan(args), args,
-                         on_finished=lambda r: record(args, r.dataset, r.guide, r.objective))
+    def on_finished(run: grid.Run) -> None:
+        record(args, run.dataset, run.guide, run.objective)
+        if run.objective in STACKED:
+            record_stack(args, run.dataset, run.guide)
+
+    left = grid.run_grid(plan(args), args, on_finished=on_finished)
     if args.summary_only:
         for ds in args.datasets:
             for g in args.guides:
                 for o in args.objectives:
                     record(args, ds, g, o)
+                record_stack(args, ds, g)
     print(f"{len(left)} runs left undone" + (": " + ", ".join(
         f"{r.dataset}/{r.guide}/{r.objective}/split {r.split}" for r in left) if left else ""),
         file=sys.stderr)

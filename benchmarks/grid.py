@@ -82,6 +82,9 @@ def add_common(p: argparse.ArgumentParser, datasets: list[str], splits: list[int
     p.add_argument("--stop-at", default=None, metavar="HH:MM",
                    help="start no run after this UTC time")
     p.add_argument("--summary-only", action="store_true", help="run nothing; record summaries")
+    p.add_argument("--validation", type=float, default=None, metavar="F",
+                   help="uci.py --validation: hold out F of each training split (stacking "
+                   "weights from the held-out points); separate runs from those without")
 
 
 def _argv(run: Run, args) -> list[str]:
@@ -90,19 +93,20 @@ def _argv(run: Run, args) -> list[str]:
             "--steps", str(args.steps), "--batch-size", str(args.batch_size),
             "--num-inducing", str(args.num_inducing), "--seed", str(run.seed),
             "--out", args.out, "--pointwise-dir", args.pointwise_dir, "--threads", "1",
-            "--no-record", "--quiet"]
+            "--no-record", "--quiet",
+            *(["--validation", str(args.validation)] if args.validation else [])]
 
 
 def find(records: list[dict], run: Run, args) -> dict | None:
     """The last finished record of ``run`` at these settings (``None``: not run yet)."""
     want = (run.dataset, run.guide, objective_label(run.objective), run.split, run.layers,
             args.steps, args.batch_size, args.num_inducing, run.seed,
-            _split_token(run.objective)[1])
+            _split_token(run.objective)[1], args.validation or None)
     for rec in reversed(records):
         s = rec.get("settings", {})
         have = (rec.get("dataset"), rec.get("guide"), rec.get("objective"), rec.get("split"),
                 rec.get("layers"), s.get("steps"), s.get("batch_size"), s.get("inducing"),
-                s.get("seed"), s.get("particles", 1))
+                s.get("seed"), s.get("particles", 1), s.get("validation"))
         if have == want and rec.get("status") != "failed":
             return rec
     return None

@@ -5,6 +5,8 @@ A run of ``uci.py --pointwise-dir DIR`` writes ``DIR/<run tag>.npz`` holding
 ``test_logp``  ``(N_test,)`` each test point's log predictive density (original units of y);
 ``loo_logp``   ``(N_train,)`` each training point's PSIS-LOO log predictive density (original
                units), from ``pyro_dgp.diagnostics.to_datatree`` and ``loo``;
+``val_logp``   ``(N_val,)`` (runs of ``uci.py --validation``) each held-out training point's
+               log predictive density (original units);
 ``loc, var``   ``(S, N_test)`` the predictive mixture's components in the model's (standardised)
                units: last-layer mean and variance of each draw, float32;
 ``noise``      ``(S, N_test)`` or ``()``: the Gaussian likelihood's variance (model units);
@@ -13,7 +15,8 @@ A run of ``uci.py --pointwise-dir DIR`` writes ``DIR/<run tag>.npz`` holding
 
 Stacking (Yao, Vehtari, Simpson and Gelman 2018; Yao, Vehtari and Gelman 2022 for fits that do
 not mix) needs nothing else: the weights maximise ``sum_n log sum_k w_k p_k^loo(y_n)`` over the
-training points (:func:`pyro_dgp.stacking.stacking_weights`), and the stacked test
+training points (:func:`pyro_dgp.stacking.stacking_weights`), or the same sum of the held-out
+densities ``val_logp`` where every run stacked has them, and the stacked test
 log-density is exactly ``log sum_k w_k p_k(y_i)`` (:func:`stacked_log_density`). Its CRPS and
 coverage are those of the mixture of every run's components weighted ``w_k`` times the run's
 own component weights.
@@ -35,8 +38,8 @@ from pyro_dgp.prediction import MixturePredictive
 from pyro_dgp.prediction.metrics import coverage, crps, rmse
 from pyro_dgp.stacking import stacking_weights
 
-__all__ = ["diagnostics", "loo_log_density", "save_run", "load_run", "stack_runs",
-           "stacked_log_density"]
+__all__ = ["diagnostics", "held_out_log_density", "loo_log_density", "save_run", "load_run",
+           "stack_runs", "stacked_log_density"]
 
 LOO_DRAWS = 100
 """Guide draws of each run's PSIS-LOO (at least ``pyro_dgp.diagnostics.psis.MIN_PSIS_DRAWS``)."""
@@ -85,9 +88,17 @@ def loo_log_density(model, guide, X: torch.Tensor, y: torch.Tensor, y_std: float
     return np.asarray(elpd.elpd_i.values, dtype=np.float64).reshape(-1) - math.log(y_std)
 
 
-def save_run(path: Path, pred, y_test: torch.Tensor, loo_logp: np.ndarray) -> None:
+def held_out_log_density(pred, y: torch.Tensor) -> np.ndarray:
+    """``(N,)`` log predictive densities of held-out targets ``y`` (original units) under a
+    predictive ``pred`` already rescaled to original units."""
+    return pred.log_prob(y).detach().cpu().double().numpy()
+
+
+def save_run(path: Path, pred, y_test: torch.Tensor, loo_logp: np.ndarray,
+             val_logp: np.ndarray | None = None) -> None:
     """Write one run's side file (module docstring) atomically. ``pred``: its predictive in
-    original units; ``y_test``: ``(N_test,)`` original units."""
+    original units; ``y_test``: ``(N_test,)`` original units; ``val_logp``: the held-out
+    points' log densities, where the run held some out."""
     arrays = {"test_logp": pred.log_prob(y_test).detach().cpu().double().numpy(),
               "loo_logp": np.asarray(loo_logp, dtype=np.float64),
               "loc": pred.loc.detach().cpu().float().numpy(),
@@ -97,6 +108,8 @@ def save_run(path: Path, pred, y_test: torch.Tensor, loo_logp: np.ndarray) -> No
               "y_mean": np.float64(pred.y_mean), "y_std": np.float64(pred.y_std)}
     if pred.weights is not None:
         arrays["weights"] = pred.weights.detach().cpu().double().numpy()
+    if val_logp is not None:
+        arrays["val_logp"] = np.asarray(val_logp, dtype=np.float64)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
     with os.fdopen(fd, "wb") as fh:
@@ -143,15 +156,18 @@ def _stacked_predictive(runs: list[dict], weights: np.ndarray) -> MixturePredict
 
 def stack_runs(paths: list[Path]) -> dict:
     """Stack the runs of these side files (one split, one test set): ``weights`` (from their
-    training points' PSIS-LOO densities), the stacked test log-likelihood (mean over points,
-    exact), and the RMSE, CRPS and 95% coverage of the stacked mixture of their components."""
+    held-out densities where every run has them, else their training points' PSIS-LOO
+    densities; ``weights_from`` names which), the stacked test log-likelihood (mean over
+    points, exact), and the RMSE, CRPS and 95% coverage of the stacked mixture of their
+    components."""
     runs = [load_run(p) for p in paths]
-    if len({r["y_test"].shape for r in runs}) > 1 or len({r["loo_logp"].shape for r in runs}) > 1:
+    key = "val_logp" if all("val_logp" in r for r in runs) else "loo_logp"
+    if len({r["y_test"].shape for r in runs}) > 1 or len({r[key].shape for r in runs}) > 1:
         raise ValueError("stack_runs: the runs have different test or training sets; stack "
                          "runs of one split")
-    weights = stacking_weights(np.stack([r["loo_logp"] for r in runs], 1)).numpy()
+    weights = stacking_weights(np.stack([r[key] for r in runs], 1)).numpy()
     test = stacked_log_density(np.stack([r["test_logp"] for r in runs], 1), weights)
     pred = _stacked_predictive(runs, weights)
     y = torch.as_tensor(runs[0]["y_test"], dtype=torch.float64)
-    return {"weights": weights.tolist(), "test_loglik": float(test.mean()),
+    return {"weights": weights.tolist(), "weights_from": key, "test_loglik": float(test.mean()),
             "rmse": rmse(pred, y), "crps": crps(pred, y), "coverage95": coverage(pred, y, 0.95)}

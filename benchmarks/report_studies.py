@@ -17,7 +17,7 @@ SET_ORDER = ("yacht", "boston", "energy", "concrete", "wine_red", "kin8nm", "pow
              "protein")
 #: the defaults study's objectives, as its records name them, and their headers
 OBJECTIVES = {"auto": "ELBO", "auto,P=10": "ELBO, 10 draws", "alpha=0.5": "alpha 0.5",
-              "alpha=1": "alpha 1"}
+              "alpha=1": "alpha 1", "stack": "stack of ELBO and alpha 1"}
 #: the atlas's guides in the order of its rows
 ATLAS_GUIDES = ("meanfield", "coupled", "chain", "ssivi", "ssivi-iwhvi", "ssivi-discrete",
                 "amortized-ar2pp", "mixture", "stacked", "stacked, both objectives",
@@ -80,14 +80,16 @@ def winners(by_objective: dict[str, dict]) -> tuple[str | None, str | None]:
 
 
 def objective_rows(records: list[dict]) -> list[dict]:
-    """One row per (set, guide, steps, batch, M): each objective's figures over its most
+    """One row per (set, guide and held-out fraction, steps, batch, M): each objective's
+    figures over its most
     splits, the winners, and a last row counting the wins of each objective."""
     best = _most_splits(records, lambda r: tuple((k, str(v)) for k, v in sorted(
         r["settings"].items()) if k != "splits"))
     groups: dict[tuple, dict[str, dict]] = {}
     for rec in best.values():
         s = rec["settings"]
-        key = (s["dataset"], s["guide"], s.get("steps"), s.get("batch"), s.get("inducing"))
+        guide = s["guide"] + (f", validation {s['validation']:g}" if s.get("validation") else "")
+        key = (s["dataset"], guide, s.get("steps"), s.get("batch"), s.get("inducing"))
         groups.setdefault(key, {})[s["objective"]] = rec
     rows, wins = [], {o: [0, 0] for o in OBJECTIVES}
     for (dataset, guide, steps, batch, inducing), recs in groups.items():

@@ -21,6 +21,7 @@ Run ``python benchmarks/uci.py --help``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import math
@@ -141,7 +142,7 @@ PROTOCOL = {"steps": 20000, "batch_size": 10000, "lr": 0.01, "particles": 1, "sa
 
 _KEY_FIELDS = ("dataset", "layers", "guide", "objective", "split")
 _SETTING_FIELDS = ("steps", "batch_size", "lr", "inducing", "hidden_dim", "particles",
-                   "samples", "seed", "init", "dtype")
+                   "samples", "seed", "init", "dtype", "validation")
 
 
 def model_label(layers: int, inducing: int) -> str:
@@ -196,6 +197,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="initialisation: package: the package's defaults (DeepGP.regression and "
                    "the guide's own); the others are benchmarks/inits.py's (dsvi: Salimbeni "
                    "and Deisenroth 2017)")
+    p.add_argument("--validation", type=_fraction, default=None, metavar="F",
+                   help="hold out a fraction F of each training split (seeded by the run's "
+                   "seed), train on the rest and write the held-out points' log densities to "
+                   "the side file (stacking weights; benchmarks/pointwise.py)")
     p.add_argument("--device", default="cpu", help="torch device of data, model and guide")
     p.add_argument("--dtype", choices=["float64", "float32"], default="float64",
                    help="floating-point type of data, model and guide")
@@ -280,7 +285,8 @@ def _settings(args) -> dict:
     return {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
             "inducing": args.inducing, "hidden_dim": args.hidden_dim,
             "particles": args.particles, "samples": args.samples, "seed": args.seed,
-            "init": args.init, "device": args.device, "dtype": args.dtype}
+            "init": args.init, "device": args.device, "dtype": args.dtype,
+            **({"validation": args.validation} if args.validation else {})}
 
 
 def _run_key(rec: dict) -> tuple:
@@ -336,7 +342,29 @@ def _tag(args, short: str, layers: int, split: int) -> str:
     """A run's checkpoint name: every setting that changes what it computes."""
     return (f"{short}_L{layers}_{args.guide}_{objective_label(args)}_s{split}_T{args.steps}"
             f"_B{args.batch_size}_M{args.inducing}_H{args.hidden_dim}_P{args.particles}"
-            f"_lr{args.lr:g}_seed{args.seed}_{args.init}")
+            f"_lr{args.lr:g}_seed{args.seed}_{args.init}"
+            + (f"_V{args.validation:g}" if args.validation else ""))
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"--validation must lie in (0, 1), got {text}")
+    return value
+
+
+def hold_out(data, fraction: float | None, seed: int):
+    """``(data, (X_val, y_val))``: ``data`` without a ``fraction`` of its training points,
+    chosen by a permutation seeded by ``seed``, and those points (standardised as ``data``);
+    ``(data, None)`` when ``fraction`` is ``None``."""
+    if not fraction:
+        return data, None
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(data.num_train, generator=g).to(data.X_train.device)
+    k = max(1, math.ceil(fraction * data.num_train))
+    val, train = order[:k], order[k:]
+    return (dataclasses.replace(data, X_train=data.X_train[train], y_train=data.y_train[train]),
+            (data.X_train[val], data.y_train[val]))
 
 
 def _run_one(args, short: str, split: int, layers: int, ckpt_dir: Path) -> tuple[dict, Path]:
@@ -344,6 +372,7 @@ def _run_one(args, short: str, split: int, layers: int, ckpt_dir: Path) -> tuple
     seed = args.seed + split
     data = datasets.load(short, split=split, data_dir=args.data_dir).to(
         device=args.device, dtype=getattr(torch, args.dtype))
+    data, held_out = hold_out(data, args.validation, seed)
     N = data.num_train
     M = min(args.inducing, N)
     B = min(args.batch_size, N)
@@ -404,7 +433,10 @@ def _run_one(args, short: str, split: int, layers: int, ckpt_dir: Path) -> tuple
         except (RuntimeError, ValueError) as err:  # the fit's scores stand without its LOO
             loo_logp = torch.full((N,), math.nan).numpy()
             figures["loo_error"] = f"{type(err).__name__}: {err}"
-        pointwise.save_run(side, pred, y, loo_logp)
+        val_logp = None if held_out is None else pointwise.held_out_log_density(
+            predict(model, guide, held_out[0], num_samples=args.samples, seed=seed).rescale(
+                data.y_mean, data.y_std), data.y_mean + data.y_std * held_out[1])
+        pointwise.save_run(side, pred, y, loo_logp, val_logp)
         figures["pointwise"] = side.name
     rec = {
         "dataset": short,

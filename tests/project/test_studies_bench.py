@@ -149,7 +149,7 @@ def test_the_choice_runs_follow_the_parts_asked_for():
 
 
 def test_find_tells_runs_of_different_draws_apart():
-    args = SimpleNamespace(steps=3000, batch_size=1000, num_inducing=100)
+    args = SimpleNamespace(steps=3000, batch_size=1000, num_inducing=100, validation=None)
     rec = {"dataset": "energy", "guide": "meanfield", "objective": "auto", "split": 0,
            "layers": 2, "status": "ok", "settings": {"steps": 3000, "batch_size": 1000,
                                                      "inducing": 100, "seed": 0}}
@@ -176,7 +176,7 @@ def test_the_atlas_stacks_both_objectives_of_a_split_beside_its_chosen_fits(tmp_
             "settings": {"steps": 3000, "batch_size": 1000, "inducing": 100, "seed": 0},
             "metrics": {"test_loglik": -1.0, "rmse": 1.0, "crps": 0.5, "coverage95": 0.9},
             "diagnostics": {"pointwise": path.name}})
-    args = SimpleNamespace(steps=3000, batch_size=1000, num_inducing=100,
+    args = SimpleNamespace(steps=3000, batch_size=1000, num_inducing=100, validation=None,
                            pointwise_dir=str(tmp_path))
     lines = guides.split_lines(records, "energy", 0, args)
     assert ("meanfield", "auto") in lines and (guides.STACKED, "own") not in lines
@@ -186,3 +186,85 @@ def test_the_atlas_stacks_both_objectives_of_a_split_beside_its_chosen_fits(tmp_
     assert both["weights"] == {"meanfield": pytest.approx(expected["weights"][0]),
                                "meanfield alpha=1": pytest.approx(expected["weights"][1])}
     assert both["seconds"] == pytest.approx(21.0)
+
+
+def test_hold_out_splits_the_training_points_by_a_seeded_permutation():
+    import uci
+
+    from pyro_dgp.datasets.splits import Split
+
+    X = torch.arange(40, dtype=torch.float64).reshape(20, 2)
+    data = Split(X, X[:, 0] / 10, X[:3], X[:3, 0], X.mean(0), X.std(0), 1.0, 2.0, "toy")
+    assert uci.hold_out(data, None, 0) == (data, None)
+    train, (X_val, y_val) = uci.hold_out(data, 0.1, seed=3)
+    assert X_val.shape == (2, 2) and train.num_train == 18 and train.num_test == 3
+    rows = {tuple(r) for r in train.X_train.tolist()} | {tuple(r) for r in X_val.tolist()}
+    assert len(rows) == 20  # disjoint, and together the whole training split
+    assert torch.equal(y_val, X_val[:, 0] / 10)  # the targets travel with their inputs
+    again = uci.hold_out(data, 0.1, seed=3)[1][0]
+    assert torch.equal(again, X_val) and not torch.equal(uci.hold_out(data, 0.1, 4)[1][0], X_val)
+
+
+def test_stacking_takes_the_held_out_densities_where_every_run_has_them(tmp_path):
+    y = torch.linspace(-1.0, 4.0, 9, dtype=torch.float64)
+    rng = np.random.default_rng(2)
+    loo = [rng.normal(-1.0, 0.3, 30), rng.normal(-2.0, 0.3, 30)]
+    val = [rng.normal(-2.0, 0.3, 6), rng.normal(-1.0, 0.3, 6)]
+    paths = []
+    for k in range(2):
+        path = tmp_path / f"v{k}.npz"
+        pointwise.save_run(path, _predictive(k), y, loo[k], val[k])
+        paths.append(path)
+    out = pointwise.stack_runs(paths)
+    assert out["weights_from"] == "val_logp"
+    assert out["weights"] == pytest.approx(stacking_weights(np.stack(val, 1)).numpy().tolist())
+    assert out["weights"][1] > 0.5  # the run better on held-out points, worse by LOO
+    mixed = pointwise.stack_runs([paths[0], _side_file(tmp_path, "nov", 1, y, loo[1])])
+    assert mixed["weights_from"] == "loo_logp"
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("boston_data")
+def test_a_run_with_a_validation_fraction_trains_on_the_rest_and_writes_its_densities(
+        tmp_path):
+    import json
+
+    import uci
+
+    out, side = tmp_path / "runs.jsonl", tmp_path / "pointwise"
+    assert uci.main(["--datasets", "boston", "--layers", "1", "--splits", "1", "--steps", "3",
+                     "--samples", "5", "--inducing", "10", "--threads", "1", "--quiet",
+                     "--validation", "0.1", "--out", str(out), "--pointwise-dir", str(side),
+                     "--no-record"]) == 0
+    rec = json.loads(out.read_text().splitlines()[0])
+    assert rec["settings"]["validation"] == 0.1 and rec["data"]["num_train"] == 409
+    run = pointwise.load_run(side / rec["diagnostics"]["pointwise"])
+    assert run["val_logp"].shape == (46,) and np.isfinite(run["val_logp"]).all()
+    assert run["loo_logp"].shape == (409,)
+
+
+def test_the_defaults_stack_waits_for_both_fits_and_stacks_them(tmp_path):
+    import defaults
+
+    y = torch.linspace(-1.0, 4.0, 9, dtype=torch.float64)
+    rng = np.random.default_rng(3)
+    args = SimpleNamespace(steps=3000, batch_size=1000, num_inducing=100, validation=0.1,
+                           pointwise_dir=str(tmp_path))
+    records, paths = [], []
+    for k, objective in enumerate(defaults.STACKED):
+        path = tmp_path / f"{k}.npz"
+        pointwise.save_run(path, _predictive(k), y, rng.normal(-1, 0.3, 30),
+                           rng.normal(-1, 0.3, 6))
+        paths.append(path)
+        records.append({
+            "dataset": "energy", "guide": "meanfield", "split": 0, "layers": 2, "status": "ok",
+            "objective": grid.objective_label(objective), "seconds": 5.0,
+            "settings": {"steps": 3000, "batch_size": 1000, "inducing": 100, "seed": 0,
+                         "validation": 0.1},
+            "diagnostics": {"pointwise": path.name}})
+        found = defaults.stack_figures(records, "energy", "meanfield", 0, args)
+        assert found is None if k == 0 else found is not None
+    assert found["test_loglik"] == pytest.approx(pointwise.stack_runs(paths)["test_loglik"])
+    assert found["weights_from"] == "val_logp" and found["seconds"] == 10.0
+    args.validation = None  # runs without a held-out part are other runs
+    assert defaults.stack_figures(records, "energy", "meanfield", 0, args) is None
