@@ -9,9 +9,11 @@ a quiet machine and many times faster on a busy one, and above it two were faste
 ``benchmarks/results/threads.jsonl``).
 
 So below :data:`PARALLEL_WORK` multiply-adds per step :func:`threads_for` picks one thread,
-and one more per further ``PARALLEL_WORK``, up to the cores this process may run on. The
-choice depends on the problem's size and the machine only, so a seeded run is reproducible on
-that machine (the thread count changes the order of floating-point sums).
+and one more per further ``PARALLEL_WORK``, up to the cores this process may run on and never
+above ``torch.get_num_threads()`` (a process that set fewer threads, one of several sharing
+the cores, keeps them). The choice depends on the problem's size, the machine and that
+setting only, so a seeded run is reproducible on that machine (the thread count changes the
+order of floating-point sums).
 """
 
 from __future__ import annotations
@@ -48,8 +50,9 @@ def step_work(model, batch_size: int, num_particles: int = 1) -> float:
 
 
 def threads_for(work: float) -> int:
-    """Threads for a step of ``work`` multiply-adds (module docstring)."""
-    return int(min(available_cores(), 1 + work // PARALLEL_WORK))
+    """Threads for a step of ``work`` multiply-adds (module docstring): at most the cores
+    this process may run on and ``torch.get_num_threads()``."""
+    return int(min(available_cores(), torch.get_num_threads(), 1 + work // PARALLEL_WORK))
 
 
 @contextlib.contextmanager

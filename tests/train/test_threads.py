@@ -23,10 +23,17 @@ def test_step_work_counts_the_quadratic_forms():
 
 
 def test_threads_for_small_and_large_work():
-    assert threads_for(0) == 1
-    assert threads_for(PARALLEL_WORK - 1) == 1
-    assert threads_for(PARALLEL_WORK) == min(2, available_cores())
-    assert threads_for(1e6 * PARALLEL_WORK) == available_cores()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(available_cores())
+        assert threads_for(0) == 1
+        assert threads_for(PARALLEL_WORK - 1) == 1
+        assert threads_for(PARALLEL_WORK) == min(2, available_cores())
+        assert threads_for(1e6 * PARALLEL_WORK) == available_cores()
+        torch.set_num_threads(1)  # a process that asked for one thread keeps one
+        assert threads_for(1e6 * PARALLEL_WORK) == 1
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_num_threads_sets_and_restores_and_refuses_bad_counts():
