@@ -47,8 +47,9 @@ own seeded stream (the global random state stays as training left it). ``natural
 (:func:`~pyro_dgp.infer.natgrad.warmup_gamma`) of natural-gradient steps on the guide's
 Gaussian ``q(u)``; the optimiser trains the rest, and a resumed run resumes the schedule.
 ``threads``: torch's intra-op threads during the fit, restored after (``None``: on CPU by the
-problem's size, at most ``torch.get_num_threads()``, :func:`~pyro_dgp.train.threads.threads_for`). ``distributed``: data-parallel
-over torchrun's processes (:mod:`pyro_dgp.train.distributed`; without validation or
+problem's size, at most ``torch.get_num_threads()``,
+:func:`~pyro_dgp.train.threads.threads_for`). ``distributed``: data-parallel over torchrun's
+processes (:mod:`pyro_dgp.train.distributed`; without validation or
 callbacks). ``cuda_graph``: each step after the first replayed from a CUDA graph of the
 objective and its gradient (:mod:`pyro_dgp.train.cuda_graph` says what it needs).
 
