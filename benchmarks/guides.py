@@ -11,7 +11,9 @@ Guides (DGP 2, the harness's package initialisation, ``--steps`` Adam steps, bat
   predictive density on the training points is used on the other splits (a choice that never
   looks at the test points; but an alpha = 1 fit's noise variance can collapse towards zero,
   which makes its PSIS-LOO unreliable or undefined, so the choice leans towards the ELBO:
-  ``benchmarks/results/history.md``, "Defaults study and guide atlas");
+  ``benchmarks/results/history.md``, "Defaults study and guide atlas"). With ``--validation
+  F`` (separate runs, each trained on the rest of its training split) every choice and every
+  stack below takes the held-out points' densities instead of PSIS-LOO;
 - one semi-implicit variant: ``ssivi``, ``ssivi-iwhvi`` and ``ssivi-discrete`` are run on
   boston split 0 and the one with the highest PSIS-LOO density there is used everywhere;
 - ``amortized-ar2pp`` on its own model (``pyro_dgp.gp.avdgp_regression``, three layers,
@@ -67,13 +69,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ---------------------------------------------------------------------------- choices
 def loo_elpd(rec: dict | None, args) -> float:
-    """Mean PSIS-LOO log density of a run's training points (NaN: no run or no side file;
-    -inf: a run whose LOO is not finite, which then loses every choice)."""
+    """Mean log density of a run's held-out points (runs of ``--validation``), else its
+    training points' PSIS-LOO (NaN: no run or no side file; -inf: not finite, which then
+    loses every choice)."""
     name = (rec or {}).get("diagnostics", {}).get("pointwise")
     path = Path(args.pointwise_dir) / name if name else None
     if path is None or not path.exists():
         return math.nan
-    value = float(np.mean(pointwise.load_run(path)["loo_logp"]))
+    run = pointwise.load_run(path)
+    value = float(np.mean(run["val_logp"] if "val_logp" in run else run["loo_logp"]))
     return value if math.isfinite(value) else -math.inf  # a run whose PSIS-LOO failed
 
 

@@ -268,3 +268,13 @@ def test_the_defaults_stack_waits_for_both_fits_and_stacks_them(tmp_path):
     assert found["weights_from"] == "val_logp" and found["seconds"] == 10.0
     args.validation = None  # runs without a held-out part are other runs
     assert defaults.stack_figures(records, "energy", "meanfield", 0, args) is None
+
+
+def test_a_choice_takes_held_out_densities_where_the_run_has_them(tmp_path):
+    y = torch.linspace(-1.0, 4.0, 9, dtype=torch.float64)
+    path = tmp_path / "v.npz"
+    pointwise.save_run(path, _predictive(0), y, np.full(30, -3.0), np.full(6, -1.0))
+    rec = {"diagnostics": {"pointwise": path.name}}
+    assert guides.loo_elpd(rec, SimpleNamespace(pointwise_dir=str(tmp_path))) == -1.0
+    pointwise.save_run(path, _predictive(0), y, np.full(30, -3.0))
+    assert guides.loo_elpd(rec, SimpleNamespace(pointwise_dir=str(tmp_path))) == -3.0
