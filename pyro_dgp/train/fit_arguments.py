@@ -66,8 +66,9 @@ def check_options(objective, lr, lr_decay, num_particles, seed, optimizer,
     return objective, num_particles
 
 
-def check_arguments(model, X, y, num_steps, batch_size, checkpoint_every):
-    """Validate ``fit``'s data and sizes; returns ``(X, y, N, B)``, ``X`` a tensor or a stream
+def check_arguments(model, X, y, num_steps, batch_size, checkpoint_every, objective=None):
+    """Validate ``fit``'s data and sizes (and warn where ``objective`` meets targets it does
+    not suit, :func:`warn_discrete_targets`); returns ``(X, y, N, B)``, ``X`` a tensor or a stream
     (:func:`~pyro_dgp.datasets.stream.as_stream`), integer or boolean labels of a binary
     likelihood in ``X``'s dtype. Sets the model's ``num_data``. NumPy arrays in memory become
     tensors of their own dtype on the model's device (a memory map stays a stream)."""
@@ -106,6 +107,7 @@ def check_arguments(model, X, y, num_steps, batch_size, checkpoint_every):
     if y.dtype != X.dtype or y.device != X.device:
         raise ValueError(f"y is {y.dtype} on {y.device} but X is {X.dtype} on {X.device}: give "
                          "both in the model's dtype and device")
+    warn_discrete_targets(objective, y, getattr(model, "likelihood", None))
     other = [(name, p) for name, p in model.named_parameters()
              if p.dtype != X.dtype or p.device != X.device]
     if other:
@@ -206,7 +208,7 @@ def warn_discrete_targets(objective, y, likelihood) -> None:
     density under the mixture of the draws; on such targets it can drive the Gaussian noise
     variance towards zero and put spikes of density on the values, so the fit's
     log-likelihood stops measuring it (``benchmarks/results/history.md``, "Defaults study and
-    guide atlas")."""
+    guide atlas, first session (2026-11-28)")."""
     if (objective != "alpha" or not isinstance(y, torch.Tensor)
             or not isinstance(likelihood, Gaussian | StudentT)):
         return
@@ -216,4 +218,5 @@ def warn_discrete_targets(objective, y, likelihood) -> None:
             f"y takes only {distinct} distinct values over {len(y)} points: the alpha objective "
             "can shrink the Gaussian noise towards zero and spike its predictive on those "
             "values, which makes its log-likelihood meaningless; prefer objective='auto' (the "
-            "ELBO) or a likelihood for discrete targets", UserWarning, stacklevel=3)
+            "ELBO) or a likelihood for discrete targets", UserWarning,
+            stacklevel=5)  # this, check_arguments, fit, its error-unwrapping wrapper, the user

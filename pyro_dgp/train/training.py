@@ -86,7 +86,6 @@ from .fit_arguments import (
     check_progress,
     check_validation_scale,
     check_watchers,
-    warn_discrete_targets,
 )
 from .monitor import (
     EarlyStopping,
@@ -154,8 +153,7 @@ def fit(
     objective, num_particles = check_options(objective, lr, lr_decay, num_particles, seed,
                                              optimizer, final_elbo_particles, threads)
     schedule = resolve_lr_schedule(lr_schedule, lr_decay)
-    X, y, N, B = check_arguments(model, X, y, num_steps, batch_size, checkpoint_every)
-    warn_discrete_targets(objective, y, getattr(model, "likelihood", None))
+    X, y, N, B = check_arguments(model, X, y, num_steps, batch_size, checkpoint_every, objective)
     watch = check_watchers(model, X, validation, patience, validate_every, callbacks,
                            callback_every, progress, num_steps, distributed)
     check_guide_of(model, guide, "fit")

@@ -179,9 +179,10 @@ def test_fit_warns_when_the_alpha_objective_meets_few_valued_targets():
     standardised = (ratings - ratings.mean()) / ratings.std()
     for targets in (ratings, standardised):
         model = dgp.DeepGP.regression(X, targets, num_layers=1, num_inducing=5)
-        with pytest.warns(UserWarning, match="only 5 distinct values over 60 points"):
+        with pytest.warns(UserWarning, match="only 5 distinct values over 60 points") as seen:
             dgp.fit(model, dgp.guides.MeanField(model), X, targets, num_steps=1,
                     objective="alpha", progress=False, final_elbo_particles=0)
+        assert {w.filename for w in seen if "distinct" in str(w.message)} == {__file__}
     for objective, (Xs, targets) in (("auto", (X, ratings)), ("alpha", (X, y)),
                                      ("alpha", (X[:8], torch.arange(8, dtype=DT)))):
         model = dgp.DeepGP.regression(Xs, targets, num_layers=1, num_inducing=5)
