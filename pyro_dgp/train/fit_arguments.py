@@ -207,8 +207,8 @@ def warn_discrete_targets(objective, y, likelihood) -> None:
     (ratings, counts, standardised or not). That objective is each point's log predictive
     density under the mixture of the draws; on such targets it can drive the Gaussian noise
     variance towards zero and put spikes of density on the values, so the fit's
-    log-likelihood stops measuring it (``benchmarks/results/history.md``, "Defaults study and
-    guide atlas, first session (2026-11-28)")."""
+    log-likelihood stops measuring it (``BENCHMARKS.md``, "Which objective should be the
+    default?", wine_red)."""
     if (objective != "alpha" or not isinstance(y, torch.Tensor)
             or not isinstance(likelihood, Gaussian | StudentT)):
         return
