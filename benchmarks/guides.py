@@ -142,7 +142,8 @@ def _part(run: grid.Run) -> str:
 # ---------------------------------------------------------------------------- records
 def _settings(args, dataset: str, guide: str, objective: str) -> dict:
     return {"dataset": dataset, "guide": guide, "objective": objective, "steps": args.steps,
-            "batch": args.batch_size, "inducing": args.num_inducing}
+            "batch": args.batch_size, "inducing": args.num_inducing,
+            **({"validation": args.validation} if args.validation else {})}
 
 
 def _run_figures(rec: dict, args) -> dict:

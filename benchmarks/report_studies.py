@@ -124,7 +124,8 @@ def atlas_rows(records: list[dict]) -> list[dict]:
             continue
         guide = s["guide"]
         rank = ATLAS_GUIDES.index(guide) if guide in ATLAS_GUIDES else len(ATLAS_GUIDES)
-        rows.append({**rec, "settings": {"rank": _rank(s["dataset"]) * 100 + rank, **s}})
+        rows.append({**rec, "settings": {"rank": _rank(s["dataset"]) * 100 + rank
+                                         + (50 if s.get("validation") else 0), **s}})
     return rows
 
 
