@@ -26,7 +26,6 @@ import sys
 from pathlib import Path
 
 import grid
-import numpy as np
 import pointwise
 import results
 import uci
@@ -80,17 +79,10 @@ def stack_figures(records: list[dict], dataset: str, guide: str, split: int, arg
     """The stacking of the :data:`STACKED` fits of one split (weights from their held-out
     densities in runs of ``--validation``, else from their PSIS-LOO densities), or ``None``
     until both have side files with finite densities."""
-    found = [grid.find(records, grid.Run(dataset, guide, o, split), args) for o in STACKED]
-    names = [(r or {}).get("diagnostics", {}).get("pointwise") for r in found]
-    if not all(names):
+    found = {o: grid.find(records, grid.Run(dataset, guide, o, split), args) for o in STACKED}
+    if any(rec is None for rec in found.values()):
         return None
-    paths = [Path(args.pointwise_dir) / name for name in names]
-    key = "val_logp" if args.validation else "loo_logp"
-    if not all(p.exists() and np.isfinite(pointwise.load_run(p)[key]).all() for p in paths):
-        return None
-    figures = pointwise.stack_runs(paths)
-    figures["seconds"] = sum(r["seconds"] for r in found)
-    return figures
+    return pointwise.stack_records(found, args.pointwise_dir)
 
 
 def record_stack(args, dataset: str, guide: str) -> None:
@@ -100,11 +92,8 @@ def record_stack(args, dataset: str, guide: str) -> None:
                  if (f := stack_figures(records, dataset, guide, k, args)) is not None]
     if not per_split:
         return
-    figures: dict = {"splits_run": len(per_split),
-                     "weights": [f["weights"] for f in per_split],
-                     "weights_from": per_split[0]["weights_from"]}
-    for name in ("test_loglik", "rmse", "crps", "coverage95", "seconds"):
-        figures[name], figures[f"{name}_se"] = uci.mean_se([f[name] for f in per_split])
+    figures = {"splits_run": len(per_split), "weights": [f["weights"] for f in per_split],
+               "weights_from": per_split[0]["weights_from"], **grid.split_means(per_split)}
     results.record("defaults", _settings(args, dataset, guide, STACK, len(per_split)), figures)
 
 

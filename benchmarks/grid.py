@@ -23,7 +23,7 @@ RUNS = HERE / "results" / "runs" / "uci_study.jsonl"
 POINTWISE = HERE / "results" / "runs" / "pointwise"
 
 __all__ = ["POINTWISE", "RUNS", "Run", "add_common", "find", "objective_argv",
-           "objective_label", "run_grid", "summary_figures"]
+           "objective_label", "run_grid", "split_means", "summary_figures"]
 
 
 @dataclass(frozen=True)
@@ -167,4 +167,12 @@ def summary_figures(records: list[dict]) -> dict:
                  "mean_bias"):
         if diag:
             figures[name] = sum(d[name] for d in diag) / len(diag)
+    return figures
+
+
+def split_means(per_split: list[dict]) -> dict:
+    """Mean (standard error) over splits of the scores and seconds of per-split figures."""
+    figures: dict = {}
+    for name in ("test_loglik", "rmse", "crps", "coverage95", "seconds"):
+        figures[name], figures[f"{name}_se"] = uci.mean_se([f[name] for f in per_split])
     return figures

@@ -39,7 +39,6 @@ import sys
 from pathlib import Path
 
 import grid
-import numpy as np
 import pointwise
 import results
 import uci
@@ -68,19 +67,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ---------------------------------------------------------------------------- choices
-def loo_elpd(rec: dict | None, args) -> float:
-    """Mean log density of a run's held-out points (runs of ``--validation``), else its
-    training points' PSIS-LOO (NaN: no run or no side file; -inf: not finite, which then
-    loses every choice)."""
-    name = (rec or {}).get("diagnostics", {}).get("pointwise")
-    path = Path(args.pointwise_dir) / name if name else None
-    if path is None or not path.exists():
-        return math.nan
-    run = pointwise.load_run(path)
-    value = float(np.mean(run["val_logp"] if "val_logp" in run else run["loo_logp"]))
-    return value if math.isfinite(value) else -math.inf  # a run whose PSIS-LOO failed
-
-
 def _best(candidates: dict[str, float]) -> str | None:
     """The key of the highest finite value; ``None`` until every candidate has one."""
     if not candidates or any(math.isnan(v) for v in candidates.values()):
@@ -90,14 +76,14 @@ def _best(candidates: dict[str, float]) -> str | None:
 
 def chosen_objective(records: list[dict], dataset: str, guide: str, args) -> str | None:
     """The objective of ``OBJECTIVE_CHOICES`` with the higher split-0 PSIS-LOO density."""
-    return _best({o: loo_elpd(grid.find(records, grid.Run(dataset, guide, o, 0), args), args)
-                  for o in OBJECTIVE_CHOICES})
+    runs = {o: grid.find(records, grid.Run(dataset, guide, o, 0), args) for o in OBJECTIVE_CHOICES}
+    return _best({o: pointwise.held_out_elpd(rec, args.pointwise_dir) for o, rec in runs.items()})
 
 
 def chosen_semi_implicit(records: list[dict], args) -> str | None:
     """The semi-implicit variant with the highest PSIS-LOO density on boston split 0."""
-    return _best({g: loo_elpd(grid.find(records, grid.Run(CHECK_SET, g, "auto", 0), args),
-                              args) for g in SEMI_IMPLICIT})
+    runs = {g: grid.find(records, grid.Run(CHECK_SET, g, "auto", 0), args) for g in SEMI_IMPLICIT}
+    return _best({g: pointwise.held_out_elpd(rec, args.pointwise_dir) for g, rec in runs.items()})
 
 
 def members(records: list[dict], dataset: str, split: int, args) -> dict[str, grid.Run]:
@@ -148,20 +134,8 @@ def _settings(args, dataset: str, guide: str, objective: str) -> dict:
 
 def _run_figures(rec: dict, args) -> dict:
     figures = {k: rec["metrics"][k] for k in ("test_loglik", "rmse", "crps", "coverage95")}
-    return {**figures, "seconds": rec["seconds"], "loo_elpd": loo_elpd(rec, args)}
-
-
-def _stack_figures(recs: dict[str, dict], args) -> dict | None:
-    """The stacking of these runs (label -> record), over those with a finite LOO."""
-    usable = {label: rec for label, rec in recs.items()
-              if math.isfinite(loo_elpd(rec, args))}
-    if len(usable) < 2:
-        return None
-    paths = [Path(args.pointwise_dir) / r["diagnostics"]["pointwise"] for r in usable.values()]
-    stacked = pointwise.stack_runs(paths)
-    weights = dict(zip(usable, stacked.pop("weights"), strict=True))
-    return {**stacked, "seconds": sum(r["seconds"] for r in usable.values()),
-            "weights": weights}
+    return {**figures, "seconds": rec["seconds"],
+            "loo_elpd": pointwise.held_out_elpd(rec, args.pointwise_dir)}
 
 
 def split_lines(records: list[dict], dataset: str, split: int, args) -> dict[tuple, dict]:
@@ -173,7 +147,7 @@ def split_lines(records: list[dict], dataset: str, split: int, args) -> dict[tup
     found = {label: rec for label, rec in found.items() if rec is not None}
     for label, rec in found.items():
         out[(label, rec["objective"])] = _run_figures(rec, args)
-    stacked = _stack_figures(found, args)
+    stacked = pointwise.stack_records(found, args.pointwise_dir)
     if stacked is not None:
         out[(STACKED, "own")] = stacked
     every: dict[str, dict] = {}
@@ -182,13 +156,14 @@ def split_lines(records: list[dict], dataset: str, split: int, args) -> dict[tup
     for label, rec in [*found.items(), *candidates]:
         if rec is not None and all(rec is not r for r in every.values()):
             every[label] = rec
-    both = _stack_figures(every, args) if len(every) > len(found) else None
+    both = pointwise.stack_records(every, args.pointwise_dir) if len(every) > len(found) else None
     if both is not None:
         out[(STACKED_ALL, "own")] = both
     seeds = [grid.find(records, run, args) for run in seed_members(records, dataset, split,
                                                                    args)]
     if seeds and all(r is not None for r in seeds):
-        ensemble = _stack_figures({f"seed {r['settings']['seed']}": r for r in seeds}, args)
+        ensemble = pointwise.stack_records({f"seed {r['settings']['seed']}": r for r in seeds},
+                                           args.pointwise_dir)
         if ensemble is not None:
             out[(ENSEMBLE, seeds[0]["objective"])] = ensemble
     return out
@@ -205,9 +180,7 @@ def record_set(args, dataset: str) -> None:
                            figures)
             by_guide.setdefault((guide, objective), []).append(figures)
     for (guide, objective), per_split in by_guide.items():
-        figures = {"splits": len(per_split)}
-        for name in ("test_loglik", "rmse", "crps", "coverage95", "seconds"):
-            figures[name], figures[f"{name}_se"] = uci.mean_se([f[name] for f in per_split])
+        figures = {"splits": len(per_split), **grid.split_means(per_split)}
         results.record("guides", _settings(args, dataset, guide, objective), figures)
 
 

@@ -38,8 +38,8 @@ from pyro_dgp.prediction import MixturePredictive
 from pyro_dgp.prediction.metrics import coverage, crps, rmse
 from pyro_dgp.stacking import stacking_weights
 
-__all__ = ["diagnostics", "held_out_log_density", "loo_log_density", "save_run", "load_run",
-           "stack_runs", "stacked_log_density"]
+__all__ = ["diagnostics", "held_out_elpd", "held_out_log_density", "loo_log_density",
+           "save_run", "load_run", "stack_records", "stack_runs", "stacked_log_density"]
 
 LOO_DRAWS = 100
 """Guide draws of each run's PSIS-LOO (at least ``pyro_dgp.diagnostics.psis.MIN_PSIS_DRAWS``)."""
@@ -171,3 +171,31 @@ def stack_runs(paths: list[Path]) -> dict:
     y = torch.as_tensor(runs[0]["y_test"], dtype=torch.float64)
     return {"weights": weights.tolist(), "weights_from": key, "test_loglik": float(test.mean()),
             "rmse": rmse(pred, y), "crps": crps(pred, y), "coverage95": coverage(pred, y, 0.95)}
+
+
+def held_out_elpd(rec: dict | None, pointwise_dir) -> float:
+    """Mean log density of a run record's held-out points (runs of ``uci.py --validation``),
+    else of its training points' PSIS-LOO, from its side file in ``pointwise_dir`` (NaN: no
+    run or no side file; -inf: not finite, a run whose LOO failed)."""
+    name = (rec or {}).get("diagnostics", {}).get("pointwise")
+    path = Path(pointwise_dir) / name if name else None
+    if path is None or not path.exists():
+        return math.nan
+    run = load_run(path)
+    value = float(np.mean(run["val_logp"] if "val_logp" in run else run["loo_logp"]))
+    return value if math.isfinite(value) else -math.inf
+
+
+def stack_records(recs: dict[str, dict], pointwise_dir) -> dict | None:
+    """:func:`stack_runs` of these run records (label -> record) over those with a finite
+    :func:`held_out_elpd`, with ``weights`` by label and ``seconds`` the members' sum
+    (``None``: fewer than two such runs)."""
+    usable = {label: rec for label, rec in recs.items()
+              if math.isfinite(held_out_elpd(rec, pointwise_dir))}
+    if len(usable) < 2:
+        return None
+    paths = [Path(pointwise_dir) / r["diagnostics"]["pointwise"] for r in usable.values()]
+    stacked = stack_runs(paths)
+    weights = dict(zip(usable, stacked.pop("weights"), strict=True))
+    return {**stacked, "seconds": sum(r["seconds"] for r in usable.values()),
+            "weights": weights}

@@ -81,8 +81,8 @@ def winners(by_objective: dict[str, dict]) -> tuple[str | None, str | None]:
 
 def objective_rows(records: list[dict]) -> list[dict]:
     """One row per (set, guide and held-out fraction, steps, batch, M): each objective's
-    figures over its most
-    splits, the winners, and a last row counting the wins of each objective."""
+    figures over its most splits, the winners, and a last row counting the wins of each
+    objective."""
     best = _most_splits(records, lambda r: tuple((k, str(v)) for k, v in sorted(
         r["settings"].items()) if k != "splits"))
     groups: dict[tuple, dict[str, dict]] = {}

@@ -42,22 +42,23 @@ from .sites import FunctionSite, InducingSite, check_replayed_guide, tag
 __all__ = ["GPLayer", "random_hyperparameters", "sample_hyperparameters"]
 
 
+def _sample_names(m: torch.nn.Module) -> list[str]:
+    """``m``'s own PyroSample attribute names (PyroModule's registry of them)."""
+    return list(m.__dict__.get("_pyro_samples") or ())
+
+
 def random_hyperparameters(module: torch.nn.Module) -> dict[str, list[str]]:
     """``{submodule name: its PyroSample attribute names}`` of ``module`` and its children,
     for the submodules that have any (``""`` names ``module`` itself)."""
-    return {name: list(m._pyro_samples) for name, m in module.named_modules()
-            if getattr(m, "_pyro_samples", None)}  # PyroModule's registry of PyroSamples
+    return {name: _sample_names(m) for name, m in module.named_modules() if _sample_names(m)}
 
 
 def sample_hyperparameters(module: torch.nn.Module) -> None:
-    """Draw every ``PyroSample`` attribute of ``module`` and its children now.
-
-    PyroModule samples such a site at its first access in a call; touching them before the
-    data plate opens keeps global hyperparameters out of it.
-    """
+    """Draw every ``PyroSample`` attribute of ``module`` and its children now: PyroModule
+    samples such a site at its first access in a call; touching them before the data plate
+    opens keeps global hyperparameters out of it."""
     for m in module.modules():  # each module once, without building its dotted name
-        attrs = m.__dict__.get("_pyro_samples")  # PyroModule's registry of PyroSamples
-        for attr in list(attrs or ()):
+        for attr in _sample_names(m):
             getattr(m, attr)
 
 
