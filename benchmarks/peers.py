@@ -23,7 +23,8 @@ code (:mod:`pyro_dgp.prediction.metrics` on the peer's predictive mixture):
     the learned quadrature weights.
 ``ours``
     ``pyro_dgp``: ``DeepGP.regression``, the mean-field guide and ``fit`` with their defaults
-    (the package's learning rate and schedule), predicted with S = 100 draws.
+    (the package's learning rate, schedule and draws per step, recorded as ``particles``),
+    predicted with S = 100 draws.
 
 Every peer takes ``--steps`` Adam steps on minibatches of ``min(--batch, N)`` points with
 ``--inducing`` inducing points per GP. The tutorials' other settings (widths, samples,
@@ -65,6 +66,7 @@ from torch.distributions import Normal
 from pyro_dgp import datasets
 from pyro_dgp.gp.deep_gp import DeepGP as PackageDeepGP
 from pyro_dgp.guides import MeanField
+from pyro_dgp.infer.objectives import ELBO_PARTICLES
 from pyro_dgp.prediction import DrawMixturePredictive, predict
 from pyro_dgp.prediction.metrics import coverage, crps, nll, rmse
 from pyro_dgp.train.training import fit
@@ -370,7 +372,9 @@ def _settings(args, dataset: str, split: int, peer: str, width: int) -> dict:
     return {"dataset": dataset, "split": split, "peer": peer, "layers": args.layers,
             "steps": args.steps, "batch": args.batch, "inducing": args.inducing,
             "hidden_width": width, "dtype": args.dtype, "device": args.device,
-            "seed": args.seed, "gpytorch": gpytorch.__version__}
+            "seed": args.seed, "gpytorch": gpytorch.__version__,
+            # fit's default draws per step of the mean-field guide's ELBO
+            **({"particles": ELBO_PARTICLES} if peer == "ours" else {})}
 
 
 def _recorded(args) -> set[tuple]:

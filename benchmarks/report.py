@@ -414,7 +414,9 @@ SECTIONS = (
                for name, header in studies.OBJECTIVES.items()),
              _figure("best", "best NLL / RMSE")),
             "`benchmarks/defaults.py`: DGP 2 trained with the ELBO (the guide's default "
-            "objective) and the local alpha objective (S = 10 draws per point) at alpha 0.5 "
+            "objective) with 1 and with 10 draws per step (`fit`'s default, chosen by the "
+            "`draws` row, which sets the two ELBO columns against each other), and the local "
+            "alpha objective (S = 10 draws per point) at alpha 0.5 "
             "and 1, float64, package initialisation; test NLL / RMSE in original units, mean "
             "(standard error) over the splits run (in brackets: per objective). `validation 0.1`: "
             "runs trained on nine tenths of the training split; `stack`: the stacking of the "

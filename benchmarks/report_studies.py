@@ -16,8 +16,11 @@ __all__ = ["ATLAS_GUIDES", "LINDINGER", "OBJECTIVES", "SET_ORDER", "atlas_rows",
 SET_ORDER = ("yacht", "boston", "energy", "concrete", "wine_red", "kin8nm", "power", "naval",
              "protein")
 #: the defaults study's objectives, as its records name them, and their headers
-OBJECTIVES = {"auto": "ELBO", "auto,P=10": "ELBO, 10 draws", "alpha=0.5": "alpha 0.5",
+OBJECTIVES = {"auto": "ELBO, 1 draw", "auto,P=10": "ELBO, 10 draws", "alpha=0.5": "alpha 0.5",
               "alpha=1": "alpha 1", "stack": "stack"}
+#: the two ELBO columns the ``draws`` row sets against each other: one draw per step, and
+#: ``fit``'s default of 10
+DRAWS_PAIR = ("auto", "auto,P=10")
 #: the atlas's guides in the order of its rows
 ATLAS_GUIDES = ("meanfield", "coupled", "chain", "ssivi", "ssivi-iwhvi", "ssivi-discrete",
                 "amortized-ar2pp", "mixture", "stacked", "stacked, both objectives",
@@ -92,12 +95,15 @@ def objective_rows(records: list[dict]) -> list[dict]:
         key = (s["dataset"], guide, s.get("steps"), s.get("batch"), s.get("inducing"))
         groups.setdefault(key, {})[s["objective"]] = rec
     rows, wins = [], {o: [0, 0] for o in OBJECTIVES}
+    pair = {o: [0, 0] for o in DRAWS_PAIR}
     for (dataset, guide, steps, batch, inducing), recs in groups.items():
         figures = {o: dict(r["figures"]) for o, r in recs.items()}
+        for won, counts in ((winners(figures), wins),
+                            (winners({o: figures.get(o) for o in DRAWS_PAIR}), pair)):
+            for o, slot in zip(won, (0, 1), strict=True):
+                if o in counts:
+                    counts[o][slot] += 1
         nll, rm = winners(figures)
-        for o, slot in ((nll, 0), (rm, 1)):
-            if o in wins:
-                wins[o][slot] += 1
         splits = sorted({r["settings"].get("splits", 0) for r in recs.values()})
         rows.append({**_latest(list(recs.values())), "settings": {
             "rank": _rank(dataset), "dataset": dataset, "guide": guide, "steps": steps,
@@ -111,6 +117,10 @@ def objective_rows(records: list[dict]) -> list[dict]:
                                                       "dataset": "rule", "guide": "", **shared},
                      "figures": {**{o: {"wins": w} for o, w in wins.items()}, "splits": "",
                                  "best": "rows won: NLL / RMSE"}})
+        rows.append({**_latest(records), "settings": {"rank": len(SET_ORDER) + 2,
+                                                      "dataset": "draws", "guide": "", **shared},
+                     "figures": {**{o: {"wins": w} for o, w in pair.items()}, "splits": "",
+                                 "best": "rows won of the two ELBO columns: NLL / RMSE"}})
     return rows
 
 

@@ -151,7 +151,8 @@ class Ours(_AdamStep):
             train_mean=False,  # DSVI's fixed inner means: the maths GPyTorch and plain compute
         )
         self.guide = dgp.guides.MeanField(self.model)
-        self.elbo = make_objective("auto", self.guide)  # as fit: AnalyticKL_ELBO
+        # as fit: AnalyticKL_ELBO, with one draw per step (the floor's maths)
+        self.elbo = make_objective("auto", self.guide, num_particles=1)
         B = min(cfg.batch_size, cfg.num_data)
         with torch.no_grad():
             self.guide(X[:B], y[:B])

@@ -178,7 +178,7 @@ def cmd_fit(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = Path(args.checkpoint) if args.checkpoint else out / "checkpoint.pt"
     B = min(args.batch_size, data.num_train)
-    particles = (default_num_particles(args.objective) if args.particles is None
+    particles = (default_num_particles(args.objective, guide) if args.particles is None
                  else args.particles)
     threads = _threads(args, model, -(-B // world), particles)
     if world > 1:

@@ -22,10 +22,17 @@ from .importance import check_importance_weights
 from .mixture import SIWAE, StratifiedELBO
 
 __all__ = ["ELBOEstimate", "OBJECTIVE_NAMES", "default_num_particles", "evaluate_elbo",
-           "make_objective", "objective_and_particles", "objective_name"]
+           "make_objective", "objective_and_particles", "objective_name",
+           "one_particle_objective"]
 
 #: the per-point draws ``K`` of ``"alpha"`` when ``num_particles`` is not given
 ALPHA_PARTICLES = 10
+#: the draws per step of ``"elbo"`` and ``"analytic-kl"`` when ``num_particles`` is not given
+#: (vectorised; GPyTorch's Deep GP trains with as many likelihood samples): BENCHMARKS.md,
+#: "Which objective should be the default?"
+ELBO_PARTICLES = 10
+#: the ELBOs whose default draws are :data:`ELBO_PARTICLES`
+_MANY_DRAWS = ("elbo", "analytic-kl")
 
 #: the old spellings of objective names, and their new ones
 _OLD_NAMES = {"meanfield": "analytic-kl"}
@@ -56,18 +63,26 @@ def objective_name(objective, where: str = "fit"):
     return renamed_value(objective, _OLD_NAMES, "objective", where)
 
 
-def objective_and_particles(objective, num_particles: int | None, where: str = "fit"):
+def objective_and_particles(objective, num_particles: int | None, where: str = "fit",
+                            guide=None):
     """``(objective, num_particles)``: the objective's new name (:func:`objective_name`) and
-    ``num_particles``, or where ``None`` its :func:`default_num_particles`."""
+    ``num_particles``, or where ``None`` its :func:`default_num_particles` (for ``guide``)."""
     objective = objective_name(objective, where)
-    return objective, (default_num_particles(objective) if num_particles is None
+    return objective, (default_num_particles(objective, guide) if num_particles is None
                        else num_particles)
 
 
-def default_num_particles(objective) -> int:
-    """``num_particles`` of ``objective`` when not given: ``K = 10`` per-point draws of
-    ``"alpha"``, one draw of an ELBO (``"renyi"`` takes at least 2)."""
-    return ALPHA_PARTICLES if objective == "alpha" else 1
+def default_num_particles(objective, guide=None) -> int:
+    """``num_particles`` of ``objective`` (a name) when not given: ``K = 10`` per-point draws
+    of ``"alpha"``; 10 draws per step of ``"elbo"`` and ``"analytic-kl"`` (``"auto"`` where it
+    is one of them for ``guide``, as for every Gaussian family); one of any other (an
+    amortized guide's objective and a mixture's, which draws every component in turn;
+    ``"renyi"`` takes at least 2). An objective instance keeps its own."""
+    if objective == "alpha":
+        return ALPHA_PARTICLES
+    if objective == "auto" and guide is not None:
+        objective = protocol_of(guide).default_objective
+    return ELBO_PARTICLES if objective in _MANY_DRAWS else 1
 
 
 @renamed_keywords("make_objective", num_samples="num_particles")
@@ -110,7 +125,7 @@ def make_objective(objective, guide, num_particles: int | None = None,
                     vectorize_particles=objective.vectorize_particles)
         return objective
     objective, num_particles = objective_and_particles(objective, num_particles,
-                                                       "make_objective")
+                                                       "make_objective", guide)
     num_particles = check_positive_int(num_particles, "num_particles")
     if objective == "alpha":
         return LocalAlpha(alpha, num_particles)
@@ -178,6 +193,14 @@ class ELBOEstimate:
 
 
 @user_errors_first
+def one_particle_objective(objective, guide) -> ELBO:
+    """The objective of one particle of an ELBO estimate (:func:`evaluate_elbo`): a name's
+    instance with one draw, except ``"alpha"``, whose ``K`` draws per point define it; an
+    instance as is."""
+    one = None if objective_name(objective, "evaluate_elbo") == "alpha" else 1
+    return make_objective(objective, guide, one)
+
+
 def evaluate_elbo(model, guide, X: torch.Tensor, y: torch.Tensor, num_particles: int = 16,
                   objective="auto", seed: int | None = 0) -> ELBOEstimate:
     """The ELBO of ``guide`` on the data ``(X (N, D), y (N,))`` at the current parameters.
@@ -190,7 +213,7 @@ def evaluate_elbo(model, guide, X: torch.Tensor, y: torch.Tensor, num_particles:
     check_inputs(X)
     check_targets(y, X.shape[-2])
     num_particles = check_positive_int(num_particles, "num_particles")
-    elbo = make_objective(objective, guide)
+    elbo = one_particle_objective(objective, guide)
     values = []
     with torch.no_grad(), seeded(seed, X.device):
         for _ in range(num_particles):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..datasets.stream import RowStream
-from ..infer.objectives import ELBOEstimate, evaluate_elbo, make_objective
+from ..infer.objectives import ELBOEstimate, evaluate_elbo, one_particle_objective
 from ..rng import seeded, step_seed
 from ..validation import check_positive_int
 
@@ -69,7 +69,7 @@ def chunked_elbo(model, guide, data, num_particles: int = 8, objective="auto", s
         model.num_data = N
     rank = 0 if parallel is None else parallel.rank
     lo, hi = (0, N) if parallel is None else parallel.shard(N)
-    elbo = make_objective(objective, guide)
+    elbo = one_particle_objective(objective, guide)
     totals = torch.zeros(num_particles, dtype=torch.float64)
     with torch.no_grad():
         for c, (X, y) in enumerate(_chunks(data, lo, hi, chunk_rows, dtype, device)):

@@ -39,12 +39,13 @@ VALIDATIONS_PER_RUN = 50
 
 
 def check_options(objective, lr, lr_decay, num_particles, seed, optimizer,
-                  final_elbo_particles, threads) -> tuple:
+                  final_elbo_particles, threads, guide=None) -> tuple:
     """Validate ``fit``'s settings, each error naming its argument, before anything is
     derived from them (the thread count from ``num_particles``); returns ``(objective,
     num_particles)``, an old objective name spelled anew, ``num_particles=None`` the
-    objective's default (:func:`~pyro_dgp.infer.objectives.objective_and_particles`)."""
-    objective, num_particles = objective_and_particles(objective, num_particles)
+    objective's default for ``guide``
+    (:func:`~pyro_dgp.infer.objectives.objective_and_particles`)."""
+    objective, num_particles = objective_and_particles(objective, num_particles, guide=guide)
     check_positive_finite(lr, "lr")
     if lr_decay is not None:
         if isinstance(lr_decay, bool | str | bytes):

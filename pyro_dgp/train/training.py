@@ -124,7 +124,7 @@ def fit(
         :param y: ``(N,)`` targets. :param batch_size: minibatch size B (``None``: N).
     :param objective: a Pyro ELBO or a name (:func:`make_objective`); ``"alpha"``: the local
         alpha-divergence objective with ``alpha`` (shown as ``loss/pt``). :param num_particles:
-        draws of the guide per step and point (``None``: 10 for ``"alpha"``, else 1).
+        draws per step and point (``None``: :func:`.objectives.default_num_particles`).
     :param seed: seeds Pyro/torch/numpy and the minibatch stream, in ``[0, 2**32 - 1]``
         (``None``: leave as is, or on resume the checkpoint's seed: the run goes on as it was).
     :param optimizer: an Optimizer class (or ``(params, lr=)``). :param checkpoint: a file
@@ -151,7 +151,7 @@ def fit(
     if restarts is not None or jobs != 1:  # R fits from seeds seed, seed + 1, ...
         return fit_restarts(fit, **locals())
     objective, num_particles = check_options(objective, lr, lr_decay, num_particles, seed,
-                                             optimizer, final_elbo_particles, threads)
+                                             optimizer, final_elbo_particles, threads, guide)
     schedule = resolve_lr_schedule(lr_schedule, lr_decay)
     X, y, N, B = check_arguments(model, X, y, num_steps, batch_size, checkpoint_every, objective)
     watch = check_watchers(model, X, validation, patience, validate_every, callbacks,

@@ -68,8 +68,10 @@ def _numbers(variant: str, guide_name: str) -> dict:
     # parameter whose gradient is small turns round-off into a step of size lr; over 50 steps
     # that grew 1e-12 into 7e-3 between two BLAS kernels, where SGD kept them within 1e-8.
     # The numbers were recorded at a constant rate (fit's default before its cosine schedule)
+    # and one draw per step (before the ELBO's default of 10)
     result = dgp.fit(model, guide, X, y, num_steps=NUM_STEPS[variant], lr=0.002, seed=0,
-                     optimizer=torch.optim.SGD, progress=False, lr_schedule="constant")
+                     optimizer=torch.optim.SGD, progress=False, lr_schedule="constant",
+                     num_particles=1)
     pred = dgp.predict(model, guide, data.X_test, num_samples=20, seed=3)
     summary = dgp.layer_summary(dgp.to_datatree(model, guide, X, num_samples=20, seed=4))
     out = {

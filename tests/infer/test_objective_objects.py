@@ -6,13 +6,20 @@ import pytest
 import torch
 
 import pyro_dgp as dgp
+from pyro_dgp.guides.registry import make_guide
 from pyro_dgp.infer import AnalyticKL_ELBO, LocalAlpha, RenyiELBO, ReparamTrace_ELBO
+from pyro_dgp.infer.objectives import default_num_particles
 
 DT = torch.float64
 
 SHORTHANDS = [
-    ("analytic-kl", {}, lambda: AnalyticKL_ELBO(num_particles=1, max_plate_nesting=1)),
-    ("elbo", {}, lambda: ReparamTrace_ELBO(num_particles=1, max_plate_nesting=1)),
+    # an ELBO's default: 10 vectorised draws per step (default_num_particles)
+    ("analytic-kl", {}, lambda: AnalyticKL_ELBO(num_particles=10, vectorize_particles=True,
+                                                max_plate_nesting=1)),
+    ("elbo", {}, lambda: ReparamTrace_ELBO(num_particles=10, vectorize_particles=True,
+                                           max_plate_nesting=1)),
+    ("elbo", {"num_particles": 1}, lambda: ReparamTrace_ELBO(num_particles=1,
+                                                             max_plate_nesting=1)),
     ("elbo", {"num_particles": 2}, lambda: ReparamTrace_ELBO(
         num_particles=2, vectorize_particles=True, max_plate_nesting=1)),
     ("renyi", {}, lambda: RenyiELBO(alpha=0.5, num_particles=2, max_plate_nesting=1)),
@@ -32,7 +39,7 @@ def _losses(objective, collapsed=True, **kwargs):
 
 
 @pytest.mark.parametrize("name, kwargs, instance", SHORTHANDS,
-                         ids=["analytic-kl", "elbo", "elbo-2", "renyi", "alpha"])
+                         ids=["analytic-kl", "elbo", "elbo-1", "elbo-2", "renyi", "alpha"])
 def test_an_objective_and_its_shorthand_train_the_same(name, kwargs, instance):
     collapsed = name != "renyi"  # Renyi's bound needs per-draw weights: f drawn given u
     by_name = _losses(name, collapsed, **kwargs)
@@ -40,3 +47,21 @@ def test_an_objective_and_its_shorthand_train_the_same(name, kwargs, instance):
                         **{k: v for k, v in kwargs.items() if k == "num_particles"})
     assert by_name == by_object  # the same draws and arithmetic: equal to the last bit
     assert len(by_name) == 4
+
+
+@pytest.mark.parametrize("name, objective, draws", [
+    ("meanfield", "auto", 10), ("coupled", "auto", 10), ("chain", "elbo", 10),
+    ("meanfield", "analytic-kl", 10), ("meanfield", "alpha", 10), ("meanfield", "renyi", 1),
+    ("mixture", "auto", 1), ("mixture", "stratified", 1)])
+def test_default_draws_per_step_are_ten_for_an_elbo_and_one_for_a_mixture(name, objective,
+                                                                          draws):
+    """10 draws per step for the ELBOs of the Gaussian families (and K = 10 per point of the
+    alpha objective); one for a mixture's objectives, which draw every component in turn."""
+    X = torch.linspace(-2, 2, 8, dtype=DT).unsqueeze(-1)
+    model = dgp.DeepGP.regression(X, torch.sin(X[:, 0]), num_layers=2, num_inducing=3)
+    assert default_num_particles(objective, make_guide(name, model)) == draws
+
+
+def test_fit_trains_an_elbo_with_ten_draws_per_step_by_default():
+    assert _losses("auto") == _losses("auto", num_particles=10) != _losses("auto",
+                                                                           num_particles=1)

@@ -109,12 +109,18 @@ def test_objective_rows_pivot_by_set_and_count_the_wins():
                _defaults_record("power", "auto", -2.8, 4.0),
                _defaults_record("power", "alpha=1", -2.6, 4.1),
                _defaults_record("power", "alpha=1", -2.0, 3.0, splits=0)]  # fewer splits: not used
+    records += [_defaults_record("boston", "auto,P=10", -2.1, 2.4),
+                _defaults_record("power", "auto,P=10", -2.7, 3.9)]
     rows = studies.objective_rows(records)
-    assert [r["settings"]["dataset"] for r in rows] == ["boston", "power", "rule"]
-    assert rows[0]["figures"]["best"] == "ELBO / ELBO"
-    assert rows[1]["figures"]["best"] == "alpha 1 / ELBO"
-    rule = rows[-1]["figures"]
-    assert rule["auto"]["wins"] == [1, 2] and rule["alpha=1"]["wins"] == [1, 0]
+    assert [r["settings"]["dataset"] for r in rows] == ["boston", "power", "rule", "draws"]
+    assert rows[0]["figures"]["best"] == "ELBO, 10 draws / ELBO, 1 draw"
+    assert rows[1]["figures"]["best"] == "alpha 1 / ELBO, 10 draws"
+    rule = rows[-2]["figures"]
+    assert rule["auto"]["wins"] == [0, 1] and rule["alpha=1"]["wins"] == [1, 0]
+    assert rule["auto,P=10"]["wins"] == [1, 1]
+    # the two ELBO columns against each other only (alpha 1 leads power's NLL, not counted)
+    draws = rows[-1]["figures"]
+    assert draws["auto,P=10"]["wins"] == [2, 1] and draws["auto"]["wins"] == [0, 1]
     assert studies.objective_cell(rows[1]["figures"]["alpha=1"]) == "2.60 / 4.10"
 
 
