@@ -192,7 +192,6 @@ class ELBOEstimate:
         return cls(mean, math.sqrt(var / n), n)
 
 
-@user_errors_first
 def one_particle_objective(objective, guide) -> ELBO:
     """The objective of one particle of an ELBO estimate (:func:`evaluate_elbo`): a name's
     instance with one draw, except ``"alpha"``, whose ``K`` draws per point define it; an
@@ -201,6 +200,7 @@ def one_particle_objective(objective, guide) -> ELBO:
     return make_objective(objective, guide, one)
 
 
+@user_errors_first
 def evaluate_elbo(model, guide, X: torch.Tensor, y: torch.Tensor, num_particles: int = 16,
                   objective="auto", seed: int | None = 0) -> ELBOEstimate:
     """The ELBO of ``guide`` on the data ``(X (N, D), y (N,))`` at the current parameters.
