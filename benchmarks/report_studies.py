@@ -98,12 +98,12 @@ def objective_rows(records: list[dict]) -> list[dict]:
     pair = {o: [0, 0] for o in DRAWS_PAIR}
     for (dataset, guide, steps, batch, inducing), recs in groups.items():
         figures = {o: dict(r["figures"]) for o, r in recs.items()}
-        for won, counts in ((winners(figures), wins),
+        nll, rm = winners(figures)
+        for won, counts in (((nll, rm), wins),
                             (winners({o: figures.get(o) for o in DRAWS_PAIR}), pair)):
             for o, slot in zip(won, (0, 1), strict=True):
                 if o in counts:
                     counts[o][slot] += 1
-        nll, rm = winners(figures)
         splits = sorted({r["settings"].get("splits", 0) for r in recs.values()})
         rows.append({**_latest(list(recs.values())), "settings": {
             "rank": _rank(dataset), "dataset": dataset, "guide": guide, "steps": steps,

@@ -178,8 +178,8 @@ def _add_fit(sub) -> None:
                         "coupled-per-point (default: Adam for all)")
     f.add_argument("--particles", type=_positive_int, default=None,
                    help="draws of the guide per step and point (fit's num_particles; "
-                        "default: 10 for --objective alpha and for an ELBO of a Gaussian "
-                        "guide, else 1)")
+                        "default: 10 for --objective alpha and for an ELBO, 1 for the "
+                        "amortized and mixture guides' objectives)")
     f.add_argument("--steps", type=_positive_int, default=20000, help="SVI steps")
     f.add_argument("--batch-size", type=_positive_int, default=10000,
                    help="minibatch size B, fit's batch_size (B >= training points: full "

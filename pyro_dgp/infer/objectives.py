@@ -75,9 +75,9 @@ def objective_and_particles(objective, num_particles: int | None, where: str = "
 def default_num_particles(objective, guide=None) -> int:
     """``num_particles`` of ``objective`` (a name) when not given: ``K = 10`` per-point draws
     of ``"alpha"``; 10 draws per step of ``"elbo"`` and ``"analytic-kl"`` (``"auto"`` where it
-    is one of them for ``guide``, as for every Gaussian family); one of any other (an
-    amortized guide's objective and a mixture's, which draws every component in turn;
-    ``"renyi"`` takes at least 2). An objective instance keeps its own."""
+    is one of them for ``guide``: every family but the amortized and mixture guides); one of
+    any other (an amortized guide's objective and a mixture's, which draws every component
+    in turn; ``"renyi"`` takes at least 2). An objective instance keeps its own."""
     if objective == "alpha":
         return ALPHA_PARTICLES
     if objective == "auto" and guide is not None:

@@ -51,12 +51,13 @@ def test_an_objective_and_its_shorthand_train_the_same(name, kwargs, instance):
 
 @pytest.mark.parametrize("name, objective, draws", [
     ("meanfield", "auto", 10), ("coupled", "auto", 10), ("chain", "elbo", 10),
+    ("ssivi", "auto", 10), ("autonormal", "auto", 10),
     ("meanfield", "analytic-kl", 10), ("meanfield", "alpha", 10), ("meanfield", "renyi", 1),
     ("mixture", "auto", 1), ("mixture", "stratified", 1)])
 def test_default_draws_per_step_are_ten_for_an_elbo_and_one_for_a_mixture(name, objective,
                                                                           draws):
-    """10 draws per step for the ELBOs of the Gaussian families (and K = 10 per point of the
-    alpha objective); one for a mixture's objectives, which draw every component in turn."""
+    """10 draws per step for an ELBO, whatever the family (and K = 10 per point of the alpha
+    objective); one for a mixture's objectives, which draw every component in turn."""
     X = torch.linspace(-2, 2, 8, dtype=DT).unsqueeze(-1)
     model = dgp.DeepGP.regression(X, torch.sin(X[:, 0]), num_layers=2, num_inducing=3)
     assert default_num_particles(objective, make_guide(name, model)) == draws
