@@ -284,3 +284,43 @@ def test_a_choice_takes_held_out_densities_where_the_run_has_them(tmp_path):
     assert pointwise.held_out_elpd(rec, tmp_path) == -1.0
     pointwise.save_run(path, _predictive(0), y, np.full(30, -3.0))
     assert pointwise.held_out_elpd(rec, tmp_path) == -3.0
+
+
+def _atlas_record(dataset, guide, objective, loglik, rmse=1.0, validation=None):
+    settings = {"dataset": dataset, "guide": guide, "objective": objective, "steps": 3000}
+    if validation:
+        settings["validation"] = validation
+    return {"date": "2026-11-28", "settings": settings,
+            "figures": {"test_loglik": loglik, "rmse": rmse, "splits": 1}}
+
+
+def test_atlas_goal_rows_take_one_protocol_per_set_and_count_the_goals():
+    records = [
+        # boston: the held-out runs are the protocol; the better full-split row is not used
+        _atlas_record("boston", "meanfield", "auto", -2.0),
+        _atlas_record("boston", "meanfield", "auto", -2.3, validation=0.1),
+        _atlas_record("boston", "stacked", "own", -2.2, validation=0.1),
+        # power: MeanField best, below SGHMC's -2.65
+        _atlas_record("power", "meanfield", "alpha=1,S=10", -2.7, validation=0.1),
+        _atlas_record("power", "coupled", "alpha=1,S=10", -2.8, validation=0.1),
+        # wine_red: alpha = 1's spikes do not count, its ELBO fit does
+        _atlas_record("wine_red", "meanfield", "alpha=1,S=10", 1.7, validation=0.1),
+        _atlas_record("wine_red", "meanfield", "auto", -0.9),
+        # a per-split line is not a summary
+        {**_atlas_record("power", "chain", "auto", 9.0),
+         "settings": {"dataset": "power", "guide": "chain", "objective": "auto", "split": 0}},
+    ]
+    rows = {r["settings"]["dataset"]: r for r in studies.atlas_goal_rows(records)}
+    assert list(rows) == ["boston", "wine_red", "power", "goal"]
+    boston = rows["boston"]
+    assert boston["settings"]["protocol"] == "validation"
+    assert boston["figures"]["best"] == "stacked (own)"
+    assert boston["figures"]["best_cell"] == "-2.200 / 1.00"
+    assert boston["figures"]["meanfield"] == "-2.300 / 1.00"
+    assert boston["figures"]["goal"] == "yes; yes"
+    assert rows["power"]["figures"]["goal"] == "no; no"
+    assert rows["power"]["figures"]["richer"] == "coupled: -2.800 / 1.00"
+    wine = rows["wine_red"]
+    assert wine["settings"]["protocol"] == "full" and wine["figures"]["best"] == "meanfield (auto)"
+    assert wine["figures"]["goal"] == "no; no"
+    assert rows["goal"]["figures"]["goal"] == "1; 1"
