@@ -14,6 +14,7 @@ import pyro
 import torch
 from pyro.infer.util import is_validation_enabled
 
+from ..errors import unwrap_trace_error
 from ..infer.alpha import LocalAlpha
 from ..infer.natgrad import NaturalGradient, NaturalStepError
 from ..linalg import CholeskyError
@@ -269,6 +270,9 @@ class Trainer:
             loss, failure = self.data_parallel.step(lambda: self.local_step(step),
                                                     first=step == self.start)
         if not math.isfinite(loss):
+            # the error as raised (a Cholesky failure inside the model, say), not as Pyro's
+            # traces wrapped it with their tables of site shapes (pyro_dgp.errors)
+            failure = None if failure is None else unwrap_trace_error(failure)
             raise self.diverged(step, loss, failure, step_rng) from failure
         with torch.no_grad():
             for p, good in zip(self.params, self.last_good, strict=True):

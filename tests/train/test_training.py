@@ -132,6 +132,28 @@ def test_nan_guard_stops_and_restores_the_last_good_state(step, tmp_path, failur
     assert saved["step"] == 4 and len(saved["losses"]) == 4
 
 
+@pytest.mark.filterwarnings("ignore:Encountered NaN")
+def test_a_divergence_inside_a_pyro_trace_names_the_error_without_the_shape_table(step):
+    """A Cholesky failure raised inside the model reaches fit wrapped by Pyro's traces (the
+    message followed by a table of site shapes): the divergence names the error itself, and
+    chains to it."""
+    original = CholeskyError("layer 'layer2': the covariance matrix contains NaN or inf")
+
+    def failing():
+        pyro.sample("x", dist.Normal(0.0, 1.0))
+        raise original
+
+    with pytest.raises(CholeskyError) as wrapped:
+        pyro.poutine.trace(failing).get_trace()
+    assert "Trace Shapes" in str(wrapped.value) and wrapped.value.__cause__ is original
+    model, guide = _small(step)
+    with pytest.raises(dgp.TrainingDivergedError, match="at step 2") as info:
+        dgp.fit(model, guide, step.X_train, step.y_train, num_steps=5, progress=False,
+                objective=_FailingELBO(at=3, exc=wrapped.value))
+    assert "layer 'layer2'" in str(info.value) and "Trace Shapes" not in str(info.value)
+    assert info.value.__cause__ is original
+
+
 def test_a_cholesky_failure_at_the_first_step_is_not_called_a_divergence(step):
     model, guide = _small(step)
     exc = CholeskyError("layer 'layer1': the covariance matrix is not positive definite")
