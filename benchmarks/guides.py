@@ -134,6 +134,8 @@ def _settings(args, dataset: str, guide: str, objective: str) -> dict:
 
 def _run_figures(rec: dict, args) -> dict:
     figures = {k: rec["metrics"][k] for k in ("test_loglik", "rmse", "crps", "coverage95")}
+    if rec.get("status") == "diverged":  # scored at the last parameters with a finite loss
+        figures["diverged_at"] = rec["steps_done"]
     return {**figures, "seconds": rec["seconds"],
             "loo_elpd": pointwise.held_out_elpd(rec, args.pointwise_dir)}
 
@@ -181,6 +183,9 @@ def record_set(args, dataset: str) -> None:
             by_guide.setdefault((guide, objective), []).append(figures)
     for (guide, objective), per_split in by_guide.items():
         figures = {"splits": len(per_split), **grid.split_means(per_split)}
+        diverged = sum("diverged_at" in f for f in per_split)
+        if diverged:
+            figures["diverged"] = diverged
         results.record("guides", _settings(args, dataset, guide, objective), figures)
 
 

@@ -432,14 +432,17 @@ SECTIONS = (
     Section("How do the guides compare on Lindinger et al. 2020's sets?", "guides",
             lambda rec: True,
             (Column("data set, guide", lambda rec, flat: f"{rec['settings']['dataset']}, "
-                    f"{rec['settings']['guide']}", ("rank", "dataset", "guide")),
+                    f"{rec['settings']['guide']}" + (
+                        f" ({flat['diverged']} diverged)" if flat.get("diverged") else ""),
+                    ("rank", "dataset", "guide")),
              _setting("objective"), _figure("splits", "splits"), LOGLIK, RMSE,
              Column("CRPS; cover95", lambda rec, flat: f"{number(flat.get('crps'))}; "
                     f"{number(flat.get('coverage95'))}"),
              Column("Lindinger et al. 2020 SGHMC / MF", lambda rec, flat:
                     studies.lindinger_cell(rec["settings"]["dataset"]))),
             "`benchmarks/guides.py`: each family of the package, DGP 2 (AR2PP: its own "
-            "three-layer amortized model), and `stacked`, the stacking of the fits above it "
+            "three-layer amortized model; `diverged`: the splits whose loss became NaN, scored at "
+            "the last parameters with a finite loss), and `stacked`, the stacking of the fits above it "
             "on the same split (weights from each fit's training PSIS-LOO densities, no extra "
             "training; its seconds are its members'), `stacked, both objectives` the same over "
             "every fit of the split, the objective not chosen included (PSIS-LOO undervalues "

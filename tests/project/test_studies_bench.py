@@ -192,6 +192,11 @@ def test_the_atlas_stacks_both_objectives_of_a_split_beside_its_chosen_fits(tmp_
     assert both["weights"] == {"meanfield": pytest.approx(expected["weights"][0]),
                                "meanfield alpha=1": pytest.approx(expected["weights"][1])}
     assert both["seconds"] == pytest.approx(21.0)
+    assert "diverged_at" not in lines[("meanfield", "auto")]
+    # a run whose loss became NaN is scored where it stopped, and says so
+    records[0] = {**records[0], "status": "diverged", "steps_done": 1655}
+    lines = guides.split_lines(records, "energy", 0, args)
+    assert lines[("meanfield", "auto")]["diverged_at"] == 1655
 
 
 def test_hold_out_splits_the_training_points_by_a_seeded_permutation():
