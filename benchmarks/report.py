@@ -440,18 +440,17 @@ SECTIONS = (
                     f"{number(flat.get('coverage95'))}"),
              Column("Lindinger et al. 2020 SGHMC / MF", lambda rec, flat:
                     studies.lindinger_cell(rec["settings"]["dataset"]))),
-            "`benchmarks/guides.py`: each family of the package, DGP 2 (AR2PP: its own "
-            "three-layer amortized model; `diverged`: the splits whose loss became NaN, scored at "
-            "the last parameters with a finite loss), and `stacked`, the stacking of the fits above it "
-            "on the same split (weights from each fit's training PSIS-LOO densities, no extra "
+            "`benchmarks/guides.py`: each family of the package, DGP 2 (AR2PP: its own three-"
+            "layer amortized model; `diverged`: the splits whose loss became NaN, scored at the "
+            "last parameters with a finite loss), and `stacked`, the stacking of the fits above "
+            "it on the same split (weights from each fit's training PSIS-LOO densities, no extra "
             "training; its seconds are its members'), `stacked, both objectives` the same over "
             "every fit of the split, the objective not chosen included (PSIS-LOO undervalues "
             "alpha = 1 fits, whose noise collapses: the defaults study's `stack` column takes "
-            "held-out weights), `meanfield x5` the stacked mean-field "
-            "fits of seeds 0-4; test log-lik, RMSE, CRPS in original units, mean (standard "
-            "error) over the splits run. Last column: Lindinger et al. 2020, Table 1 (10 "
-            "splits, M = 128): SGHMC DGP best over L (layers), mean-field DGP L = 2; not "
-            "our figures.",
+            "held-out weights), `meanfield x5` the stacked mean-field fits of seeds 0-4; test "
+            "log-lik, RMSE, CRPS in original units, mean (standard error) over the splits run. "
+            "Last column: Lindinger et al. 2020, Table 1 (10 splits, M = 128): SGHMC DGP best "
+            "over L (layers), mean-field DGP L = 2; not our figures.",
             combine=studies.atlas_rows),
     Section("Which guide is best on each of Lindinger et al. 2020's sets?", "guides",
             lambda rec: True,
