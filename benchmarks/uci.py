@@ -540,15 +540,15 @@ def mean_se(values: list[float]) -> tuple[float, float | None]:
 
 
 def group_by_configuration(records: list[dict]) -> dict[tuple, list[dict]]:
-    """``{(dataset, layers, model, guide, objective, steps, batch, M, S, init, particles):
-    records}``, one
+    """``{(dataset, layers, model, guide, objective, steps, batch, M, S, init, particles,
+    hidden_dim): records}`` (``hidden_dim``: as asked, ``None`` for the builder's default), one
     record per split (the last of a split: a rerun of it, or a second process on a file)."""
     groups: dict[tuple, list[dict]] = {}
     for rec in records:
         s = rec["settings"]
         key = (rec["dataset"], rec["layers"], rec["model"], rec["guide"], rec["objective"],
                s["steps"], s.get("batch_size_used"), s.get("inducing_used"), s["samples"],
-               s.get("init", "dsvi"), s.get("particles", 1))
+               s.get("init", "dsvi"), s.get("particles", 1), s.get("hidden_dim"))
         groups.setdefault(key, []).append(rec)
     for key, recs in groups.items():  # one record per split: the last (a rerun of it, or a
         by_split = {r["split"]: r for r in recs}  # second process on the same file)
@@ -563,7 +563,7 @@ def record_summary(records: list[dict]) -> None:
         ok = [r for r in recs if r.get("status", "ok") == "ok"]
         if not ok:
             continue
-        ds, layers, label, guide, objective, steps, B, M, S, init, particles = key
+        ds, layers, label, guide, objective, steps, B, M, S, init, particles, hidden = key
         figures = {"splits": len(ok), "num_splits": ok[0]["data"]["num_splits"]}
         for name in ("test_loglik", "rmse", "crps"):
             figures[name], figures[f"{name}_se"] = mean_se([r["metrics"][name] for r in ok])
@@ -575,6 +575,8 @@ def record_summary(records: list[dict]) -> None:
             settings["init"] = init
         if particles != 1:  # training draws per step (the records without the key: 1)
             settings["particles"] = particles
+        if hidden is not None:  # a width asked for (else the builder's default)
+            settings["hidden_dim"] = hidden
         for name, default in (("device", "cpu"), ("dtype", "float64")):
             value = ok[0]["settings"].get(name, default)
             if value != default:  # the records before these options: all cpu, float64
@@ -593,11 +595,13 @@ def summarize(records: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key in sorted(groups, key=lambda k: (order.index(k[0]), k[1], k[3], k[4], k[5])):
-        ds, layers, label, guide, objective, steps, B, M, S, init, particles = key
+        ds, layers, label, guide, objective, steps, B, M, S, init, particles, hidden = key
         if init != "dsvi":
             guide = f"{guide} ({init})"
         if particles != 1:
             guide = f"{guide}, {particles} draws/step"
+        if hidden is not None:
+            guide = f"{guide}, width {hidden}"
         recs = sorted(groups[key], key=lambda r: r["split"])
         ok = [r for r in recs if r.get("status", "ok") == "ok"]
         n_div = len(recs) - len(ok)

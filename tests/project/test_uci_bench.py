@@ -197,6 +197,28 @@ def test_runs_with_other_draws_per_step_are_summarised_apart():
     assert len(rows) == 2 and sum("10 draws/step" in r for r in rows) == 1
 
 
+def test_runs_of_another_width_are_summarised_and_recorded_apart(monkeypatch):
+    """A width asked for (``--hidden-dim``) is a setting of the run's summary record: the
+    same runs at the builder's default width are another configuration."""
+    def rec(split, hidden):
+        settings = {"steps": 5, "batch_size_used": 455, "inducing_used": 100, "samples": 100,
+                    "hidden_dim": hidden}
+        return {"dataset": "boston", "layers": 2, "model": "DGP 2", "guide": "meanfield",
+                "objective": "auto", "split": split, "status": "ok", "settings": settings,
+                "metrics": {"test_loglik": -2.0, "rmse": 3.0, "crps": 1.5, "coverage95": 0.9},
+                "seconds_per_step": 0.1, "data": {"num_splits": 20}}
+
+    runs = [rec(0, None), rec(0, 10), rec(1, 10)]
+    assert sorted(len(v) for v in uci.group_by_configuration(runs).values()) == [1, 2]
+    rows = uci.summarize(runs).splitlines()[2:]
+    assert len(rows) == 2 and sum("width 10" in r for r in rows) == 1
+    recorded = []
+    monkeypatch.setattr(uci.results, "record", lambda name, settings, figures:
+                        recorded.append(settings))
+    uci.record_summary(runs)
+    assert sorted(str(s.get("hidden_dim")) for s in recorded) == ["10", "None"]
+
+
 @needs_data
 def test_exact_gp_control_runs_and_appends_its_table(tmp_path, capsys):
     """benchmarks/exact_gp.py (the exact-GP control of a split) on a tiny setting."""
