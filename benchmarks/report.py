@@ -467,8 +467,10 @@ SECTIONS = (
             "in Lindinger et al. 2020, Table 1 (not our figures). Each set's rows come from one "
             "protocol: the runs trained on nine tenths of the training split (`validation`) "
             "where the set has them, else those on the whole split. On integer-valued targets "
-            f"({', '.join(studies.INTEGER_TARGETS)}) only ELBO fits count: alpha = 1's "
-            "log-lik is degenerate there (`benchmarks/results/history.md`). Issue 39's goals: "
+            f"({', '.join(studies.INTEGER_TARGETS)}) only ELBO fits of the DS-DGP families "
+            "count: alpha = 1's "
+            "log-lik is degenerate there, as is AR2PP's, whose noise collapses too "
+            "(`benchmarks/results/history.md`). Issue 39's goals: "
             "the best at or above SGHMC on 6 of 8 sets, a richer row best on 5 of 8.",
             combine=studies.atlas_goal_rows),
     Section("How long is a step on CPU, against GPyTorch and the plain floor?", "speed",

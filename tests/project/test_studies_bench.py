@@ -311,6 +311,7 @@ def test_atlas_goal_rows_take_one_protocol_per_set_and_count_the_goals():
         # wine_red: alpha = 1's spikes do not count, its ELBO fit does
         _atlas_record("wine_red", "meanfield", "alpha=1,S=10", 1.7, validation=0.1),
         _atlas_record("wine_red", "meanfield", "auto", -0.9),
+        _atlas_record("wine_red", "amortized-ar2pp", "auto", 0.1),  # its noise collapses too
         # a per-split line is not a summary
         {**_atlas_record("power", "chain", "auto", 9.0),
          "settings": {"dataset": "power", "guide": "chain", "objective": "auto", "split": 0}},
