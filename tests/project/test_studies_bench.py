@@ -330,3 +330,9 @@ def test_atlas_goal_rows_take_one_protocol_per_set_and_count_the_goals():
     assert wine["settings"]["protocol"] == "full" and wine["figures"]["best"] == "meanfield (auto)"
     assert wine["figures"]["goal"] == "no; no"
     assert rows["goal"]["figures"]["goal"] == "1; 1"
+    # a protocol without a counted MeanField row (its alpha = 1 fit left out): no count
+    records.append(_atlas_record("wine_red", "mixture", "auto", -0.95, validation=0.1))
+    rows = {r["settings"]["dataset"]: r for r in studies.atlas_goal_rows(records)}
+    assert rows["wine_red"]["figures"]["best"] == "mixture (auto)"
+    assert rows["wine_red"]["figures"]["goal"] == "no; —"
+    assert rows["goal"]["figures"]["goal"] == "1; 1"
