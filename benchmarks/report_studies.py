@@ -156,7 +156,6 @@ def lindinger_cell(dataset: str) -> str:
     return "" if pub is None else f"{pub[0]} / {pub[1]}"
 
 
-
 def _counts(dataset: str, rec: dict) -> bool:
     """Whether an atlas row counts towards the goal: on :data:`INTEGER_TARGETS` only ELBO fits
     of the DS-DGP families (a stack may weigh alpha = 1 fits)."""
