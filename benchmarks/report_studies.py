@@ -171,24 +171,51 @@ def _row_cell(rec: dict | None) -> str:
     return f"{f['test_loglik']:.3f} / {f['rmse']:#.3g}"
 
 
+def _per_split(records: list[dict]) -> dict[str, dict[tuple, dict[int, dict]]]:
+    """``{dataset: {(guide, objective, validation): {split: record}}}`` of the atlas's
+    per-split lines that have a test log-lik."""
+    out: dict[str, dict[tuple, dict[int, dict]]] = {}
+    for rec in records:
+        s = rec["settings"]
+        if "split" in s and rec["figures"].get("test_loglik") is not None:
+            label = (s["guide"], s["objective"], s.get("validation"))
+            out.setdefault(s["dataset"], {}).setdefault(label, {})[s["split"]] = rec
+    return out
+
+
+def _common_splits(rows: dict[tuple, dict[int, dict]]) -> set[int]:
+    """The splits a set's rows are compared on: those of its stacked row (the atlas's
+    members fitted on the same splits), else those of the row with the most splits."""
+    stacked = [set(by_split) for label, by_split in rows.items() if label[0] == "stacked"]
+    return max(stacked or [set(by_split) for by_split in rows.values()], key=len)
+
+
+def _over_splits(by_split: dict[int, dict], splits: set[int]) -> dict:
+    """One row's record with its test log-lik and RMSE averaged over ``splits``."""
+    recs = [by_split[k] for k in sorted(splits)]
+    figures = {k: sum(r["figures"][k] for r in recs) / len(recs) for k in ("test_loglik", "rmse")}
+    return {**recs[-1], "figures": {**figures, "splits": len(recs)}}
+
+
 def atlas_goal_rows(records: list[dict]) -> list[dict]:
     """One row per set: the best atlas row (test log-lik), the best single MeanField fit and
     the best row richer than one MeanField fit, against Lindinger et al. 2020's SGHMC DGP;
     then a row counting the sets where the best reaches SGHMC and where a richer row is best.
 
     Each set's rows come from one protocol: the runs with a held-out tenth (``validation``)
-    where the set has any, else the runs on the whole training split."""
-    by_set: dict[str, list[dict]] = {}
-    for rec in records:
-        if "split" not in rec["settings"] and rec["figures"].get("test_loglik") is not None:
-            by_set.setdefault(rec["settings"]["dataset"], []).append(rec)
+    where the set has any, else the runs on the whole training split. Rows are compared by
+    their means over the same splits (:func:`_common_splits`); a row without one of them is
+    left out."""
     rows, reached, richer = [], 0, 0
-    for dataset, recs in sorted(by_set.items(), key=lambda kv: _rank(kv[0])):
-        recs = [r for r in recs if _counts(dataset, r)]
-        held_out = [r for r in recs if r["settings"].get("validation")]
-        recs = held_out or recs
-        if not recs:
+    for dataset, labels in sorted(_per_split(records).items(), key=lambda kv: _rank(kv[0])):
+        labels = {k: v for k, v in labels.items()
+                  if _counts(dataset, next(iter(v.values())))}
+        held_out = {k: v for k, v in labels.items() if k[2]}
+        labels = held_out or labels
+        if not labels:
             continue
+        splits = _common_splits(labels)
+        recs = [_over_splits(v, splits) for v in labels.values() if splits <= set(v)]
         key = lambda r: r["figures"]["test_loglik"]  # noqa: E731
         best = max(recs, key=key)
         mf = [r for r in recs if r["settings"]["guide"] == "meanfield"]
@@ -200,9 +227,8 @@ def atlas_goal_rows(records: list[dict]) -> list[dict]:
         # without a MeanField row to beat (say, only its alpha = 1 fit, left out) no count
         rich_best = bool(mf) and best["settings"]["guide"] != "meanfield"
         reached, richer = reached + hit, richer + rich_best
-        splits = min(r["figures"].get("splits", 1) for r in recs)
         rows.append({**_latest(recs), "settings": {
-            "rank": _rank(dataset), "dataset": dataset, "splits": splits,
+            "rank": _rank(dataset), "dataset": dataset, "splits": len(splits),
             "protocol": "validation" if held_out else "full"},
             "figures": {"best": f"{best['settings']['guide']} ({best['settings']['objective']})",
                         "best_cell": _row_cell(best),

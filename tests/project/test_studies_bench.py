@@ -291,12 +291,13 @@ def test_a_choice_takes_held_out_densities_where_the_run_has_them(tmp_path):
     assert pointwise.held_out_elpd(rec, tmp_path) == -3.0
 
 
-def _atlas_record(dataset, guide, objective, loglik, rmse=1.0, validation=None):
-    settings = {"dataset": dataset, "guide": guide, "objective": objective, "steps": 3000}
+def _atlas_record(dataset, guide, objective, loglik, rmse=1.0, validation=None, split=0):
+    settings = {"dataset": dataset, "guide": guide, "objective": objective, "steps": 3000,
+                "split": split}
     if validation:
         settings["validation"] = validation
     return {"date": "2026-11-28", "settings": settings,
-            "figures": {"test_loglik": loglik, "rmse": rmse, "splits": 1}}
+            "figures": {"test_loglik": loglik, "rmse": rmse}}
 
 
 def test_atlas_goal_rows_take_one_protocol_per_set_and_count_the_goals():
@@ -312,9 +313,9 @@ def test_atlas_goal_rows_take_one_protocol_per_set_and_count_the_goals():
         _atlas_record("wine_red", "meanfield", "alpha=1,S=10", 1.7, validation=0.1),
         _atlas_record("wine_red", "meanfield", "auto", -0.9),
         _atlas_record("wine_red", "amortized-ar2pp", "auto", 0.1),  # its noise collapses too
-        # a per-split line is not a summary
+        # a summary over splits is not a per-split line
         {**_atlas_record("power", "chain", "auto", 9.0),
-         "settings": {"dataset": "power", "guide": "chain", "objective": "auto", "split": 0}},
+         "settings": {"dataset": "power", "guide": "chain", "objective": "auto"}},
     ]
     rows = {r["settings"]["dataset"]: r for r in studies.atlas_goal_rows(records)}
     assert list(rows) == ["boston", "wine_red", "power", "goal"]
@@ -336,3 +337,30 @@ def test_atlas_goal_rows_take_one_protocol_per_set_and_count_the_goals():
     assert rows["wine_red"]["figures"]["best"] == "mixture (auto)"
     assert rows["wine_red"]["figures"]["goal"] == "no; —"
     assert rows["goal"]["figures"]["goal"] == "1; 1"
+
+
+def test_atlas_goal_rows_compare_rows_over_the_stacked_rows_splits():
+    v = {"validation": 0.1}
+    records = [
+        _atlas_record("kin8nm", "meanfield", "auto", 1.30, rmse=2.0, **v),
+        _atlas_record("kin8nm", "meanfield", "auto", 1.40, rmse=4.0, split=1, **v),
+        _atlas_record("kin8nm", "stacked", "own", 1.34, **v),
+        _atlas_record("kin8nm", "stacked", "own", 1.38, split=1, **v),
+        # split 0 only: not comparable with the means over splits 0 and 1, so left out
+        _atlas_record("kin8nm", "meanfield x5", "auto", 1.50, **v),
+        # a split the stacked row lacks does not enter the means
+        _atlas_record("kin8nm", "meanfield", "auto", -9.0, split=2, **v),
+    ]
+    rows = {r["settings"]["dataset"]: r for r in studies.atlas_goal_rows(records)}
+    kin = rows["kin8nm"]
+    assert kin["settings"]["splits"] == 2
+    assert kin["figures"]["best"] == "stacked (own)"
+    assert kin["figures"]["best_cell"] == "1.360 / 1.00"
+    assert kin["figures"]["meanfield"] == "1.350 / 3.00"
+    assert kin["figures"]["goal"] == "no; yes"
+    # without a stacked row, the row with the most splits sets them
+    rows = {r["settings"]["dataset"]: r
+            for r in studies.atlas_goal_rows([r for r in records
+                                              if r["settings"]["guide"] != "stacked"])}
+    assert rows["kin8nm"]["settings"]["splits"] == 3
+    assert rows["kin8nm"]["figures"]["best"] == "meanfield (auto)"
