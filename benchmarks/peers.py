@@ -1,6 +1,6 @@
 """GPyTorch's deep GPs beside ours on the UCI splits, at equal steps, batch, M, dtype and device.
 
-Three peers, each trained on the same split (``pyro_dgp.datasets.load``, inputs and targets
+Four peers, each trained on the same split (``pyro_dgp.datasets.load``, inputs and targets
 standardised on the training part, as ``benchmarks/uci.py`` loads it) and scored by the same
 code (:mod:`pyro_dgp.prediction.metrics` on the peer's predictive mixture):
 
@@ -12,6 +12,10 @@ code (:mod:`pyro_dgp.prediction.metrics` on the peer's predictive mixture):
     likelihood, ``DeepApproximateMLL(VariationalELBO)``, Adam at 0.01 and 10 likelihood
     samples in training and prediction. Its predictive is the uniform mixture over those 10
     draws of the hidden layers, each a Gaussian (the last layer's marginal plus the noise).
+``deepgp-shared``
+    A diagnostic, not a tutorial's model: ``deepgp`` with one kernel per hidden layer shared
+    by its GPs (as in Salimbeni and Deisenroth 2017's model and ours) instead of a kernel
+    per GP, to measure what the tutorial's per-GP kernels add.
 ``dspp``
     GPyTorch's ``DSPP`` (Jankowiak et al. 2020) as its DSPP tutorial builds it
     (``Deep_Sigma_Point_Processes.ipynb``): hidden width 3, Q = 8 quadrature sites,
@@ -74,7 +78,9 @@ from pyro_dgp.train.training import fit
 __all__ = ["BENCHMARK", "PEERS", "build_parser", "main", "mixture_scores", "run_peer"]
 
 BENCHMARK = "uci_gpytorch"
-PEERS = ("deepgp", "dspp", "ours")
+PEERS = ("deepgp", "deepgp-shared", "dspp", "ours")
+#: the peers run unless ``--peers`` says otherwise (``deepgp-shared`` is a diagnostic)
+DEFAULT_PEERS = ("deepgp", "dspp", "ours")
 #: the tutorials' settings: hidden widths, likelihood samples, quadrature sites, beta
 DEEPGP_WIDTH, DEEPGP_SAMPLES = 10, 10
 DSPP_WIDTH, DSPP_SITES, DSPP_BETA = 3, 8, 0.05
@@ -90,11 +96,13 @@ OUR_SAMPLES = 100
 # ------------------------------------------------------------------------- GPyTorch's models
 class TutorialLayer(DeepGPLayer):
     """A layer of the Deep GP tutorial: ``output_dims`` GPs (``None``: one, squeezed) of an
-    ``input_dims``-dimensional input, ``num_inducing`` standard-normal inducing inputs each."""
+    ``input_dims``-dimensional input, ``num_inducing`` standard-normal inducing inputs each;
+    ``shared_kernel``: one kernel for the layer's GPs (the tutorial's: one per GP)."""
 
     def __init__(self, input_dims: int, output_dims: int | None, num_inducing: int,
-                 linear_mean: bool):
+                 linear_mean: bool, shared_kernel: bool = False):
         batch = torch.Size([]) if output_dims is None else torch.Size([output_dims])
+        kernel_batch = torch.Size([]) if shared_kernel else batch
         inducing = torch.randn(*batch, num_inducing, input_dims)
         q_u = CholeskyVariationalDistribution(num_inducing_points=num_inducing,
                                               batch_shape=batch)
@@ -103,8 +111,9 @@ class TutorialLayer(DeepGPLayer):
         # the tutorial's linear mean has no batch shape: one map shared by the hidden GPs
         self.mean_module = LinearMean(input_dims) if linear_mean else ConstantMean(
             batch_shape=batch)
-        self.covar_module = ScaleKernel(RBFKernel(batch_shape=batch, ard_num_dims=input_dims),
-                                        batch_shape=batch, ard_num_dims=None)
+        self.covar_module = ScaleKernel(
+            RBFKernel(batch_shape=kernel_batch, ard_num_dims=input_dims),
+            batch_shape=kernel_batch, ard_num_dims=None)
 
     def forward(self, x):
         return gpytorch.distributions.MultivariateNormal(self.mean_module(x),
@@ -114,11 +123,13 @@ class TutorialLayer(DeepGPLayer):
 class TutorialDeepGP(gpytorch.models.deep_gps.DeepGP):
     """The Deep GP tutorial's model, ``num_layers - 1`` hidden layers of ``width`` GPs."""
 
-    def __init__(self, input_dim: int, num_layers: int, width: int, num_inducing: int):
+    def __init__(self, input_dim: int, num_layers: int, width: int, num_inducing: int,
+                 shared_kernel: bool = False):
         super().__init__()
         dims = [input_dim] + [width] * (num_layers - 1)
         self.layers = torch.nn.ModuleList(
-            [TutorialLayer(d, width, num_inducing, linear_mean=True) for d in dims[:-1]]
+            [TutorialLayer(d, width, num_inducing, linear_mean=True,
+                           shared_kernel=shared_kernel) for d in dims[:-1]]
             + [TutorialLayer(dims[-1], None, num_inducing, linear_mean=False)])
         self.likelihood = GaussianLikelihood()
 
@@ -216,8 +227,9 @@ def _train_gpytorch(model, objective, data, args, seed: int, scheduler_milestone
     return time.perf_counter() - t0
 
 
-def _build_deepgp(data, args):
-    model = TutorialDeepGP(data.input_dim, args.layers, DEEPGP_WIDTH, _inducing(args, data))
+def _build_deepgp(data, args, shared_kernel: bool = False):
+    model = TutorialDeepGP(data.input_dim, args.layers, DEEPGP_WIDTH, _inducing(args, data),
+                           shared_kernel)
     model = model.to(device=data.X_train.device, dtype=data.X_train.dtype)
     return model, DeepApproximateMLL(VariationalELBO(model.likelihood, model, data.num_train))
 
@@ -284,8 +296,10 @@ def mixture_scores(pred, data) -> dict[str, float]:
 # ------------------------------------------------------------------------------------ peers
 def _run_gpytorch(peer: str, data, args, seed: int) -> tuple[DrawMixturePredictive, float]:
     torch.manual_seed(seed)
-    build = _build_deepgp if peer == "deepgp" else _build_dspp
-    model, objective = build(data, args)
+    if peer == "dspp":
+        model, objective = _build_dspp(data, args)
+    else:
+        model, objective = _build_deepgp(data, args, shared_kernel=peer == "deepgp-shared")
     milestones = DSPP_MILESTONES if peer == "dspp" else ()
     seconds = _train_gpytorch(model, objective, data, args, seed, milestones)
     torch.manual_seed(seed)
@@ -308,7 +322,7 @@ def _run_ours(data, args, seed: int) -> tuple:
 
 def hidden_width(peer: str, model=None) -> int:
     """The hidden layers' width of a peer (``ours``: the width ``DeepGP.regression`` chose)."""
-    if peer == "deepgp":
+    if peer in ("deepgp", "deepgp-shared"):
         return DEEPGP_WIDTH
     if peer == "dspp":
         return DSPP_WIDTH
@@ -340,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--datasets", nargs="+", default=["kin8nm"],
                    help="UCI set names or aliases (or a synthetic set: its split is the seed)")
     p.add_argument("--splits", nargs="+", type=int, default=[0], help="split indices")
-    p.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS))
+    p.add_argument("--peers", nargs="+", choices=PEERS, default=list(DEFAULT_PEERS))
     p.add_argument("--steps", type=int, default=3000, help="Adam steps of every peer")
     p.add_argument("--batch", type=int, default=1000, help="minibatch size (capped at N)")
     p.add_argument("--inducing", type=int, default=100,

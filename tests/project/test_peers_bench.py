@@ -101,3 +101,18 @@ def test_report_shows_each_peer_as_the_mean_over_its_latest_splits(tmp_path):
     assert rows[0].startswith("| kin8nm, 2, 3000 | dspp | 2/20 | 1.5 (0.5) | 0.1 (0.0) |")
     assert rows[1].startswith("| kin8nm, 2, 3000 | ours | 1/20 | 1.5 | 0.1 | -1.5 | 5.0 |")
     assert len(rows) == 2 and rows[0].count("|") == 9  # 8 columns
+
+
+def test_deepgp_shared_kernel_has_one_kernel_per_hidden_layer():
+    peers = _peers()
+    torch.manual_seed(0)
+    tutorial = peers.TutorialDeepGP(3, 2, peers.DEEPGP_WIDTH, 5)
+    shared = peers.TutorialDeepGP(3, 2, peers.DEEPGP_WIDTH, 5, shared_kernel=True)
+    lengthscale = lambda m: m.layers[0].covar_module.base_kernel.lengthscale  # noqa: E731
+    assert lengthscale(tutorial).shape == (peers.DEEPGP_WIDTH, 1, 3)
+    assert lengthscale(shared).shape == (1, 3)
+    # the last layer is one GP either way
+    assert shared.layers[1].covar_module.base_kernel.lengthscale.shape == (1, peers.DEEPGP_WIDTH)
+    out = shared(torch.randn(4, 3))  # the shared kernel broadcasts over the layer's GPs
+    assert out.mean.shape[-1] == 4
+    assert peers.hidden_width("deepgp-shared") == peers.DEEPGP_WIDTH
