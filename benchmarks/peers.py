@@ -29,6 +29,9 @@ code (:mod:`pyro_dgp.prediction.metrics` on the peer's predictive mixture):
     ``pyro_dgp``: ``DeepGP.regression``, the mean-field guide and ``fit`` with their defaults
     (the package's learning rate, schedule and draws per step, recorded as ``particles``),
     predicted with S = 100 draws.
+``ours-per-output``
+    ``ours`` with ``DeepGP.regression(..., kernel_per_output=True)``: a kernel per inner GP,
+    as in GPyTorch's tutorial, the other way round from ``deepgp-shared``.
 
 Every peer takes ``--steps`` Adam steps on minibatches of ``min(--batch, N)`` points with
 ``--inducing`` inducing points per GP. The tutorials' other settings (widths, samples,
@@ -78,7 +81,9 @@ from pyro_dgp.train.training import fit
 __all__ = ["BENCHMARK", "PEERS", "build_parser", "main", "mixture_scores", "run_peer"]
 
 BENCHMARK = "uci_gpytorch"
-PEERS = ("deepgp", "deepgp-shared", "dspp", "ours")
+PEERS = ("deepgp", "deepgp-shared", "dspp", "ours", "ours-per-output")
+#: the peers that are this package (trained by ``fit``, ``particles`` in their settings)
+OURS = ("ours", "ours-per-output")
 #: the peers run unless ``--peers`` says otherwise (``deepgp-shared`` is a diagnostic)
 DEFAULT_PEERS = ("deepgp", "dspp", "ours")
 #: the tutorials' settings: hidden widths, likelihood samples, quadrature sites, beta
@@ -306,11 +311,12 @@ def _run_gpytorch(peer: str, data, args, seed: int) -> tuple[DrawMixturePredicti
     return gpytorch_predictive(model, data.X_test), seconds
 
 
-def _run_ours(data, args, seed: int) -> tuple:
+def _run_ours(data, args, seed: int, kernel_per_output: bool = False) -> tuple:
     pyro.clear_param_store()
     pyro.set_rng_seed(seed)
     model = PackageDeepGP.regression(data.X_train, data.y_train, num_layers=args.layers,
-                                     num_inducing=_inducing(args, data), seed=seed)
+                                     num_inducing=_inducing(args, data), seed=seed,
+                                     kernel_per_output=kernel_per_output)
     guide = MeanField(model)
     _sync(data.X_train.device)
     result = fit(model, guide, data.X_train, data.y_train, num_steps=args.steps,
@@ -332,8 +338,8 @@ def hidden_width(peer: str, model=None) -> int:
 def run_peer(peer: str, data, args, seed: int) -> tuple[dict, dict]:
     """Train and score one peer on one split; returns ``(settings extras, figures)``."""
     t0 = time.perf_counter()
-    if peer == "ours":
-        pred, seconds, model = _run_ours(data, args, seed)
+    if peer in OURS:
+        pred, seconds, model = _run_ours(data, args, seed, peer == "ours-per-output")
         width = hidden_width(peer, model)
     else:
         pred, seconds = _run_gpytorch(peer, data, args, seed)
@@ -388,7 +394,7 @@ def _settings(args, dataset: str, split: int, peer: str, width: int) -> dict:
             "hidden_width": width, "dtype": args.dtype, "device": args.device,
             "seed": args.seed, "gpytorch": gpytorch.__version__,
             # fit's default draws per step of the mean-field guide's ELBO
-            **({"particles": ELBO_PARTICLES} if peer == "ours" else {})}
+            **({"particles": ELBO_PARTICLES} if peer in OURS else {})}
 
 
 def _recorded(args) -> set[tuple]:

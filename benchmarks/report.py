@@ -388,7 +388,8 @@ SECTIONS = (
             "tutorials do (`deepgp`: width 10, 10 samples, an ARD kernel per hidden GP; "
             "`dspp`: width 3, Q = 8, beta 0.05; `deepgp-shared`, a diagnostic: `deepgp` with "
             "one kernel per hidden layer, as DSVI's model and ours) and ours "
-            "(`DeepGP.regression`, mean-field guide), at equal steps, batch, M, dtype "
+            "(`DeepGP.regression`, mean-field guide; `ours-per-output`: with "
+            "`kernel_per_output=True`, a kernel per hidden GP), at equal steps, batch, M, dtype "
             "and device on each UCI split; mean (standard error) over the splits run, test "
             "log-lik and RMSE in original units, NLL of the standardised targets.",
             combine=over_splits),

@@ -24,7 +24,8 @@ touching the global random state) and stores them in ArviZ groups:
     marginal (the guide's estimator, as for predictions). Group attribute ``sample_paths``
     (1 or 0) says which. Dims
     ``(chain, draw, obs, <layer>_unit)``, and ``<layer>.prior_var`` = ``k_l(x, x)`` at the
-    layer's own inputs in that draw, dims ``(chain, draw, obs)``. A layer with per-point
+    layer's own inputs in that draw, dims ``(chain, draw, obs)`` (plus ``<layer>_unit`` where
+    each output has its own kernel). A layer with per-point
     inducing inputs (:class:`~pyro_dgp.AmortizedGPLayer`) adds ``<layer>.inducing_inputs``,
     the ``Z_n = A(P(F_n))`` at which the guide placed each point's ``u_n``, dims ``(chain,
     draw, obs, <layer>_inducing, <layer>_input)``. Group attributes
@@ -316,8 +317,12 @@ def _layers_group(parts: _Parts, trace: Trace, grid: torch.Tensor | None, S: int
         # outside the model's call a PyroSample kernel hyperparameter is a fresh sample
         # statement: replaying the guide's trace gives each draw its own value
         with torch.no_grad(), poutine.replay(trace=trace):
-            kxx = record.layer.kernel(record.inputs, diag=True)
-        parts.add("layers", f"{lname}.prior_var", _np(kxx.expand(S, shape[0]))[None], [where])
+            kxx = record.layer.prior_variance(record.inputs)  # (..., N, D_out)
+        if record.layer.kernel_outputs:  # a kernel per output: a prior variance per unit
+            parts.add("layers", f"{lname}.prior_var", _np(kxx.expand((S,) + shape))[None], dims)
+        else:
+            parts.add("layers", f"{lname}.prior_var", _np(kxx[..., 0].expand(S, shape[0]))[None],
+                      [where])
         Z = getattr(trace.nodes.get(f"{lname}.u", {}).get("fn"), "inducing_inputs", None)
         if Z is not None:  # (..., n, M, D_in): one set per point (and per draw, for AR1)
             Z = Z.expand(torch.broadcast_shapes(Z.shape[:-2], (S, shape[0])) + Z.shape[-2:])

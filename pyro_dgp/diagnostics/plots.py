@@ -119,13 +119,20 @@ def plot_layer_variance(dt: xr.DataTree, path: str | os.PathLike, dpi: int = 100
             pv = lv[f"{lname}.post_var"].values  # (point, unit)
             for k in range(min(pv.shape[-1], 5)):
                 ax.plot(x[:, d], pv[:, k], ".", ms=3, label=f"posterior (unit {k})")
-            ax.plot(x[:, d], lv[f"{lname}.prior_var"].values, "k+", ms=3, label="prior")
+            ax.plot(x[:, d], _prior_variance(lv, lname), "k+", ms=3, label="prior")
             ax.set_yscale("log")
             ax.set_title(f"Var {lname}.f")
             ax.set_xlabel(f"x[{d}]")
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     return _save(fig, path, dpi)
+
+
+def _prior_variance(lv, lname: str) -> np.ndarray:
+    """``(N,)`` a layer's prior variance per point (averaged over units where each output has
+    its own kernel)."""
+    prior = lv[f"{lname}.prior_var"].values
+    return prior if prior.ndim == 1 else prior.mean(-1)
 
 
 def _layer_inputs(dt) -> np.ndarray:
@@ -146,7 +153,7 @@ def _layer_variance_curves(dt, x: np.ndarray, path, dpi) -> Path:
         pv = lv[f"{lname}.post_var"].values  # (point, unit)
         for k in range(min(pv.shape[-1], 5)):
             ax.plot(x[order], pv[order, k], lw=1.2, label=f"posterior (unit {k})")
-        ax.plot(x[order], lv[f"{lname}.prior_var"].values[order], "k--", lw=1, label="prior")
+        ax.plot(x[order], _prior_variance(lv, lname)[order], "k--", lw=1, label="prior")
         ax.set_yscale("log")
         ax.set_title(f"Var {lname}.f")
         ax.set_xlabel("x")

@@ -49,8 +49,9 @@ def check_gold_model(model) -> None:
     """Refuse a model the gold standard cannot target, saying why.
 
     :raises TypeError: not a :class:`~pyro_dgp.DeepGP`.
-    :raises ValueError: random inducing inputs (``inducing_scheme="propagated"``) or random
-        hyperparameters (``PyroSample`` attributes), which ``q*(U)`` does not cover.
+    :raises ValueError: random inducing inputs (``inducing_scheme="propagated"``), a kernel
+        per output (``outputs=``) or random hyperparameters (``PyroSample`` attributes), which
+        its targets do not cover.
     """
     if not isinstance(model, DeepGP):
         raise TypeError(f"the gold standard needs a pyro_dgp.DeepGP, got {type(model).__name__}")
@@ -58,6 +59,10 @@ def check_gold_model(model) -> None:
         raise ValueError("the gold standard needs fixed inducing inputs "
                          "(inducing_scheme='per-layer'); this model has "
                          f"inducing_scheme={model.inducing_scheme!r}")
+    per_output = [layer.name for layer in model.layers if layer.kernel_outputs]
+    if per_output:
+        raise ValueError("the gold standard needs each layer's kernel shared by its outputs; "
+                         f"these layers have a kernel per output: {per_output}")
     random = list(random_hyperparameters(model))
     if random:
         raise ValueError("the gold standard holds the hyperparameters fixed; these modules of "

@@ -83,6 +83,9 @@ class AmortizedGPLayer(GPLayer):
         super().__init__(input_dim, output_dim, num_inducing=num_inducing,
                          inducing_points=inducing_offsets, kernel=kernel, mean=mean,
                          whiten=True, jitter=jitter, name=name, train_inducing=train_affine)
+        if self.kernel_outputs:
+            raise ValueError("AmortizedGPLayer: per-point inducing inputs need a kernel shared "
+                             "by the outputs, not one with outputs=")
         if kl_weight not in _KL_WEIGHTS:
             raise ValueError(f"AmortizedGPLayer: kl_weight must be one of {_KL_WEIGHTS}, got "
                              f"{kl_weight!r}")

@@ -244,16 +244,20 @@ def make_likelihood(likelihood: str | Likelihood, noise_variance: float) -> Like
 
 def dsvi_layers(X, num_layers, hidden, M, kernel, whiten, inner_noise, kernel_variance,
                 lengthscale, jitter, seed, inducing_scheme, ard=True,
-                train_mean=False) -> list[GPLayer]:
+                train_mean=False, kernel_per_output=False) -> list[GPLayer]:
     """The layers of a DSVI deep GP for inputs ``X (N, D)`` (Salimbeni and Deisenroth 2017):
     k-means inducing inputs, propagated through the fixed linear (identity/PCA) means of the
     inner layers; ARD kernels with variance ``kernel_variance`` and lengthscales
     ``lengthscale``; between-layer noise ``inner_noise`` (a White kernel) on inner layers;
     zero mean on the last layer (``ard=False``: one lengthscale per kernel; ``train_mean``:
-    the linear means learned from there). With ``inducing_scheme="propagated"`` (Ustyuzhaninov
+    the linear means learned from there; ``kernel_per_output``: each inner GP its own kernel
+    hyperparameters). With ``inducing_scheme="propagated"`` (Ustyuzhaninov
     et al. 2020, §4.2) a layer whose ``u`` feeds the next layer's inducing inputs holds
     ``f(Z)``."""
     locations = inducing_scheme == "propagated"
+    if locations and kernel_per_output:
+        raise ValueError("kernel_per_output=True needs inducing_scheme='per-layer' (a kernel "
+                         "per output is for whitened layers with stored inducing inputs)")
     D = X.shape[-1]
     dims = [D] + [hidden] * (num_layers - 1) + [1]
     Z = kmeans(X, M, seed)
@@ -261,7 +265,9 @@ def dsvi_layers(X, num_layers, hidden, M, kernel, whiten, inner_noise, kernel_va
     layers = []
     for i, (d_in, d_out) in enumerate(itertools.pairwise(dims)):
         last = i == num_layers - 1
-        base = KERNELS[kernel](d_in, variance=kernel_variance, lengthscale=lengthscale, ard=ard)
+        outputs = d_out if kernel_per_output and not last else None
+        base = KERNELS[kernel](d_in, variance=kernel_variance, lengthscale=lengthscale, ard=ard,
+                               outputs=outputs)
         kern = base if last else K.Sum(base, K.White(d_in, variance=inner_noise))
         mean = "zero" if last else pca_mean(H, d_out)
         # with locations, a layer whose u feeds the next layer's inducing inputs holds

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["conditional", "quadratic_conditional", "quadratic_form"]
+__all__ = ["conditional", "per_output_conditional", "quadratic_conditional", "quadratic_form"]
 
 _QUADRATIC = [True]
 
@@ -93,6 +93,42 @@ def conditional(
     # Round-off can make the variance slightly negative where x sits on an inducing point.
     var = var.clamp_min(torch.finfo(var.dtype).tiny)
     return mean, var if var.shape == mean.shape else var.expand(mean.shape)
+
+
+def per_output_conditional(
+    Kzx: torch.Tensor,
+    Lzz: torch.Tensor,
+    kxx_diag: torch.Tensor,
+    v_loc: torch.Tensor,
+    v_scale_tril: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`conditional`'s whitened projected form for ``D`` outputs that each have their own
+    kernel (one ``Z``): ``A_d = L_d^{-1} K_ZX^{(d)}``, mean ``A_d^T v_d``, variance
+    ``k_d(x, x) - |A_d|^2 + |S_d^T A_d|^2`` per output.
+
+    :param Kzx: ``(..., D, M, N)``; :param Lzz: ``(D, M, M)``; :param kxx_diag:
+        ``(..., D, N)`` (or ``(..., 1, N)``); :param v_loc: ``(..., D, M)`` whitened;
+    :param v_scale_tril: ``(..., D, M, K)`` or ``None``.
+    :returns: ``(mean, var)``, both ``(..., N, D)``, without the mean function.
+    """
+    A = _solve_per_output(Lzz, Kzx)  # (..., D, M, N)
+    mean = (v_loc.unsqueeze(-2) @ A).squeeze(-2)  # (..., D, N)
+    var = kxx_diag - A.square().sum(-2)
+    if v_scale_tril is not None:
+        var = var + (v_scale_tril.mT @ A).square().sum(-2)  # |S_d^T a_n|^2
+    var = var.clamp_min(torch.finfo(var.dtype).tiny)  # round-off on an inducing point
+    return mean.mT, var.expand(mean.shape).mT
+
+
+def _solve_per_output(L: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """``L_d^{-1} B_d`` for ``L (D, M, M)`` and ``B (..., D, M, n)``, the batch ``...`` folded
+    into the columns of one solve per output (see :func:`solve_triangular`)."""
+    if B.dim() == 3:
+        return torch.linalg.solve_triangular(L, B, upper=False)
+    batch, (D, M, n) = B.shape[:-3], B.shape[-3:]
+    Bf = B.movedim((-3, -2), (0, 1)).reshape(D, M, -1)  # (D, M, prod(batch) n)
+    X = torch.linalg.solve_triangular(L, Bf, upper=False)
+    return X.reshape((D, M) + batch + (n,)).movedim((0, 1), (-3, -2))
 
 
 def _fold(B: torch.Tensor) -> torch.Tensor:

@@ -164,22 +164,12 @@ class DeepGP(PyroModule):
     @renamed_keywords("DeepGP.regression", inducing="inducing_scheme")
     def regression(
         cls, X: torch.Tensor, y: torch.Tensor, *,
-        num_layers: int = 2,
-        hidden_dim: int | None = None,
-        num_inducing: int | None = None,
-        kernel: str = "rbf",
-        likelihood: str | Likelihood = "gaussian",
-        whiten: bool = True,
-        noise_variance: float = LN2,
-        inner_noise: float = 1e-5,
-        kernel_variance: float = LN2,
-        lengthscale: float = LN2,
-        jitter: float | None = None,
-        seed: int = 0,
-        name: str | None = None,
-        inducing_scheme: str = "per-layer",
-        ard: bool = True,
-        train_mean: bool = True,
+        num_layers: int = 2, hidden_dim: int | None = None, num_inducing: int | None = None,
+        kernel: str = "rbf", likelihood: str | Likelihood = "gaussian", whiten: bool = True,
+        noise_variance: float = LN2, inner_noise: float = 1e-5, kernel_variance: float = LN2,
+        lengthscale: float = LN2, jitter: float | None = None, seed: int = 0,
+        name: str | None = None, inducing_scheme: str = "per-layer", ard: bool = True,
+        train_mean: bool = True, kernel_per_output: bool = False,
     ) -> DeepGP:
         """A DSVI deep GP (Salimbeni and Deisenroth 2017) with the package's starting values.
 
@@ -204,6 +194,9 @@ class DeepGP(PyroModule):
         :param ard: a lengthscale per input dimension (default) or one per kernel.
         :param train_mean: learn the inner layers' linear means, initialised at the identity/PCA
             maps (default); ``False`` keeps those maps fixed.
+        :param kernel_per_output: give each GP of an inner layer its own kernel variance and
+            lengthscales (``outputs=`` of :class:`~pyro_dgp.kernels.Stationary`), as GPyTorch's
+            DeepGP does; default one kernel per layer. Needs ``inducing_scheme="per-layer"``.
         :param whiten: whitened inducing outputs (default). With
             ``inducing_scheme="propagated"`` the layers whose ``u`` is the next layer's
             inducing inputs always hold ``f(Z)``; the last layer is whitened at its random
@@ -214,7 +207,8 @@ class DeepGP(PyroModule):
         inducing_scheme = _scheme(inducing_scheme, "DeepGP.regression")
         checked = check_regression_arguments(
             X, y, num_layers, hidden_dim, num_inducing, kernel, likelihood, noise_variance, seed,
-            flags={"whiten": whiten, "ard": ard, "train_mean": train_mean})
+            flags={"whiten": whiten, "ard": ard, "train_mean": train_mean,
+                   "kernel_per_output": kernel_per_output})
         with default_dtype(X.dtype):
             lik = make_likelihood(likelihood, checked.pop("noise_variance"))
             layers = dsvi_layers(X, kernel=kernel, inner_noise=inner_noise, jitter=jitter,

@@ -35,8 +35,9 @@ from ..validation import (
     unique_name,
 )
 from . import kl  # noqa: F401  (registers the KL to the whitened prior)
-from .conditional import conditional
+from .conditional import conditional, per_output_conditional
 from .distributions import LayerConditional, WhitenedPrior, drop_data_dim, masked_out
+from .inducing_points import initial_inducing_points
 from .sites import FunctionSite, InducingSite, check_replayed_guide, tag
 
 __all__ = ["GPLayer", "random_hyperparameters", "sample_hyperparameters"]
@@ -62,38 +63,6 @@ def sample_hyperparameters(module: torch.nn.Module) -> None:
             getattr(m, attr)
 
 
-def _initial_inducing_points(num_inducing, inducing_points, input_dim: int) -> torch.Tensor:
-    """``(M, D_in)`` checked initial inducing inputs (standard normal draws where only ``M``
-    is given); floating point, keeping a tensor's dtype and device."""
-    if num_inducing is not None:
-        num_inducing = check_positive_int(num_inducing, "GPLayer: num_inducing")
-    if inducing_points is None:
-        if num_inducing is None:
-            raise ValueError(
-                "GPLayer: num_inducing or inducing_points must be given, got neither"
-            )
-        inducing_points = torch.randn(num_inducing, input_dim)
-    inducing_points = torch.as_tensor(inducing_points)
-    if not torch.is_floating_point(inducing_points):
-        inducing_points = inducing_points.to(torch.get_default_dtype())
-    if inducing_points.dim() != 2 or inducing_points.shape[-1] != input_dim:
-        raise ValueError(
-            f"GPLayer: inducing_points must have shape (M, {input_dim}), "
-            f"got {tuple(inducing_points.shape)}"
-        )
-    if inducing_points.shape[0] == 0:
-        raise ValueError("GPLayer: inducing_points must have at least one row (M >= 1), "
-                         f"got shape {tuple(inducing_points.shape)}")
-    if num_inducing is not None and num_inducing != inducing_points.shape[0]:
-        raise ValueError(
-            f"GPLayer: num_inducing={num_inducing} but inducing_points has "
-            f"{inducing_points.shape[0]} rows; give one of them"
-        )
-    if not torch.isfinite(inducing_points).all():
-        raise ValueError("GPLayer: inducing_points contain NaN or inf")
-    return inducing_points
-
-
 def _layer_kernel(kernel, Z: torch.Tensor, input_dim: int) -> Kernel:
     """The layer's kernel (default ARD RBF) in the dtype and device of ``Z`` (numbers given to
     a kernel's constructor take torch's default dtype)."""
@@ -115,6 +84,15 @@ def _layer_kernel(kernel, Z: torch.Tensor, input_dim: int) -> Kernel:
     return kernel
 
 
+def kernel_outputs(kernel: Kernel) -> int | None:
+    """``P`` where ``kernel`` (or a kernel it combines) has one set of hyperparameters per
+    output (``outputs=P``), else ``None``."""
+    found = {getattr(k, "outputs", None) for k in kernel.modules()} - {None}
+    if len(found) > 1:
+        raise ValueError(f"kernels combined with different outputs= {sorted(found)}")
+    return found.pop() if found else None
+
+
 class GPLayer(PyroModule):
     """A layer of ``output_dim`` independent GPs sharing a kernel and inducing inputs.
 
@@ -125,7 +103,8 @@ class GPLayer(PyroModule):
         their dtype and device are the layer's (an integer tensor or a list: torch's default
         dtype). ``num_inducing``, if also given, must equal M.
     :param kernel: a :class:`~pyro_dgp.kernels.Kernel` over D_in (default ARD RBF); moved to
-        Z's dtype and device.
+        Z's dtype and device. A kernel with ``outputs=D_out`` gives each output GP its own
+        hyperparameters (whitened layers with stored ``Z`` only).
     :param mean: ``"zero"``, ``"identity"`` (needs D_in == D_out), a fixed finite
         ``(D_in, D_out)`` matrix W (``m(x) = x W``, e.g. a PCA map; stored in Z's dtype and
         device; learned from there with ``train_mean=True``), or a callable
@@ -166,7 +145,7 @@ class GPLayer(PyroModule):
         self._own_pyro_name = own_name  # replaced by the attribute path under a parent
         self.input_dim = check_positive_int(input_dim, "GPLayer: input_dim")
         self.output_dim = check_positive_int(output_dim, "GPLayer: output_dim")
-        inducing_points = _initial_inducing_points(num_inducing, inducing_points,
+        inducing_points = initial_inducing_points(num_inducing, inducing_points,
                                                    self.input_dim)
         if train_inducing:
             self.inducing_points = PyroParam(inducing_points.clone())
@@ -175,6 +154,12 @@ class GPLayer(PyroModule):
         self.kernel = _layer_kernel(kernel, inducing_points, self.input_dim)
         self._mean_kind, self._mean_fn = self._parse_mean(mean, inducing_points, train_mean)
         self.whiten = bool(whiten)
+        self.kernel_outputs = kernel_outputs(self.kernel)
+        if self.kernel_outputs not in (None, self.output_dim) or (
+                self.kernel_outputs and not self.whiten):
+            raise ValueError(
+                f"GPLayer: a kernel with outputs={self.kernel_outputs} needs output_dim "
+                f"{self.kernel_outputs} and whiten=True (got {self.output_dim}, {self.whiten})")
         if jitter is not None:
             jitter = check_positive_finite(jitter, "GPLayer: jitter")
         self.jitter = jitter
@@ -285,6 +270,9 @@ class GPLayer(PyroModule):
                 f"layer '{self.name}': random inducing inputs need function_values=True "
                 "(centred) or whiten=True (non-centred)"
             )
+        if Z is not None and self.kernel_outputs:
+            raise ValueError(f"layer '{self.name}': random inducing inputs need a kernel "
+                             "shared by the outputs, not one with outputs=")
         keep = Z is None and self._random_Z is None  # the stored Z already: nothing to swap
         with contextlib.nullcontext() if keep else swapped(self, "_random_Z", Z):
             yield self
@@ -317,6 +305,11 @@ class GPLayer(PyroModule):
         :returns: ``(loc, var)``, each ``(..., N, D_out)``, the mean function included.
         """
         Z = self.current_inducing_inputs()  # read once: a PyroParam read is a pyro.param call
+        if self.kernel_outputs:  # K_ZZ (D, M, M), K_ZX (..., D, M, N), k(x, x) (..., D, N)
+            Kzz, Kzx, kxx = self.kernel.conditional_parts(Z, x.unsqueeze(-3))
+            loc, var = per_output_conditional(Kzx, Lzz if Lzz is not None else
+                                              self.cholesky_of(Kzz), kxx, u_loc, u_scale_tril)
+            return loc + self.mean_function(x), var
         # K_ZZ, K_ZX and k(x, x) with each kernel hyperparameter read once
         Kzz, Kzx, kxx = self.kernel.conditional_parts(Z, x)
         if Kzx is None:  # a white-noise-only kernel
@@ -328,6 +321,13 @@ class GPLayer(PyroModule):
             u_loc = u_loc - self.mean_function(Z).mT
         loc, var = conditional(Kzx, Lzz, kxx, u_loc, u_scale_tril, self.whiten)
         return loc + self.mean_function(x), var
+
+    def prior_variance(self, x: torch.Tensor) -> torch.Tensor:
+        """``(..., N, D_out)`` prior variances ``k_d(x_n, x_n)`` at ``x`` ``(..., N, D_in)``."""
+        if self.kernel_outputs:
+            return self.kernel(x.unsqueeze(-3), diag=True).mT
+        kxx = self.kernel(x, diag=True)
+        return kxx.unsqueeze(-1).expand(kxx.shape + (self.output_dim,))
 
     def prior(self) -> dist.Distribution:
         """``p(u)``: event shape ``(D_out, M)``; batched like random inducing inputs where

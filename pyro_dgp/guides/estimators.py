@@ -29,6 +29,9 @@ def path(site: LayerSite, x: torch.Tensor, u: torch.Tensor):
     ``K_XX - K_XZ K_ZZ^-1 K_ZX`` (shared by the outputs), to draw ``f`` jointly over ``x`` as
     one function's values. ``O(N^3)`` per batch entry of ``x``."""
     layer = site.layer
+    if layer.kernel_outputs:
+        raise ValueError(f"layer '{layer.name}': sample paths need a kernel shared by the "
+                         "outputs; this layer has one per output (outputs=)")
     loc, var = sampled(site, x, u)
     A = solve_triangular(layer.kzz_cholesky(), layer.kernel(layer.current_inducing_inputs(), x),
                          upper=False)  # (..., M, N)

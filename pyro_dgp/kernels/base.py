@@ -98,21 +98,41 @@ class Stationary(Kernel):
     """A kernel ``variance * g(r)`` of the scaled distance ``r = |x - x'| / lengthscale``.
 
     ``lengthscale`` is a scalar (isotropic) or ``(D,)`` (ARD, ``ard=True``).
+
+    ``outputs=P`` makes ``P`` kernels of this form with their own hyperparameters (variance
+    ``(P,)``, lengthscale ``(P, D)`` or ``(P,)``, all starting from the values given), one per
+    output of a GP layer, as GPyTorch's batched kernels do. Their covariances carry a
+    dim of size ``P`` before the two point dims: ``(..., P, N, M)`` and, for ``diag=True``,
+    ``(..., P, N)``; inputs with batch dims must hold a singleton there, ``(..., 1, N, D)``.
     """
 
-    def __init__(self, input_dim: int, variance=1.0, lengthscale=1.0, ard: bool = True):
+    def __init__(self, input_dim: int, variance=1.0, lengthscale=1.0, ard: bool = True,
+                 outputs: int | None = None):
         super().__init__(input_dim)
-        self.variance = PyroParam(positive_hyperparameter(self, "variance", variance),
-                                  positive)
-        self.lengthscale = PyroParam(
-            positive_hyperparameter(self, "lengthscale", lengthscale, bool(ard)),
-            positive)
+        variance = positive_hyperparameter(self, "variance", variance)
+        lengthscale = positive_hyperparameter(self, "lengthscale", lengthscale, bool(ard))
+        self.outputs = None
+        if outputs is not None:
+            self.outputs = check_positive_int(outputs, f"{type(self).__name__}: outputs")
+            variance = variance.expand(self.outputs).clone()
+            lengthscale = lengthscale.expand((self.outputs,) + lengthscale.shape).clone()
+        self.variance = PyroParam(variance, positive)
+        self.lengthscale = PyroParam(lengthscale, positive)
+
+    def _hyperparameters(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(variance, lengthscale)`` read once each and shaped for ``(..., N, D)`` inputs;
+        with ``outputs=P``: ``(P, 1)`` (a batched scalar to :func:`matrix_scale` and
+        :func:`pointwise`) and ``(P, 1, D)`` or ``(P, 1, 1)``."""
+        var, ls = self.variance, self.lengthscale
+        if self.outputs is None:
+            return var, ls
+        ls = ls.unsqueeze(-2) if ls.dim() == 2 else ls[:, None, None]
+        return var.unsqueeze(-1), ls
 
     #: compute distances directly instead of by ``|a|^2 + |b|^2 - 2 a.b`` (see ``_scaled_sqdist``)
     exact_distance = False
 
-    def _scaled_sqdist(self, X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:
-        ls = self.lengthscale
+    def _scaled_sqdist(self, X1: torch.Tensor, X2: torch.Tensor, ls) -> torch.Tensor:
         return self._sqdist(*_centred(X1 / ls, X2 / ls))
 
     def _sqdist(self, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
@@ -134,21 +154,21 @@ class Stationary(Kernel):
 
     def forward(self, X1, X2=None, diag=False):
         self._check(X1)
-        var = self.variance
+        var, ls = self._hyperparameters()
         if diag:
             return pointwise(var, X1)
         if X2 is None:
             X2 = X1
         else:
             self._check(X2)
-        return matrix_scale(var) * self.profile(self._scaled_sqdist(X1, X2))
+        return matrix_scale(var) * self.profile(self._scaled_sqdist(X1, X2, ls))
 
     def conditional_parts(self, Z, X):
         if type(self).forward is not Stationary.forward:  # a subclass with its own forward
             return super().conditional_parts(Z, X)
         self._check(Z)
         self._check(X)
-        var, ls = self.variance, self.lengthscale  # one read each
+        var, ls = self._hyperparameters()  # one read each
         Zs, Xs = _centred(Z / ls, X / ls)
         scale = matrix_scale(var)
         Kzz = scale * self.profile(self._sqdist(Zs, Zs))

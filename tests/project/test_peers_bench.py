@@ -116,3 +116,18 @@ def test_deepgp_shared_kernel_has_one_kernel_per_hidden_layer():
     out = shared(torch.randn(4, 3))  # the shared kernel broadcasts over the layer's GPs
     assert out.mean.shape[-1] == 4
     assert peers.hidden_width("deepgp-shared") == peers.DEEPGP_WIDTH
+
+
+def test_ours_per_output_fits_a_kernel_per_hidden_gp(tmp_path, monkeypatch):
+    peers = _peers()
+    monkeypatch.setenv("PYRO_DGP_RESULTS_DIR", str(tmp_path))
+    argv = ["--datasets", "step", "--splits", "0", "--steps", "2", "--batch", "40",
+            "--inducing", "8", "--threads", "1", "--peers", "ours-per-output"]
+    assert peers.main(argv) == 0
+    (rec,) = results.read(peers.BENCHMARK, tmp_path)
+    assert rec["settings"]["peer"] == "ours-per-output" and "particles" in rec["settings"]
+    args = peers.build_parser().parse_args(argv)
+    data = peers._load("step", 0, args)
+    model = peers._run_ours(data, args, 0, kernel_per_output=True)[2]
+    assert model.layers[0].kernel_outputs == model.layers[0].output_dim
+    assert model.layers[-1].kernel_outputs is None

@@ -1,0 +1,156 @@
+"""A kernel per output GP (``outputs=`` of a stationary kernel, ``kernel_per_output=True`` of
+``DeepGP.regression``): known answers against separate kernels and single-output layers, the
+shared-kernel limit, every registry guide through a fit and a prediction, the ArviZ export,
+and the clear errors where it does not apply."""
+
+import pyro
+import pytest
+import torch
+
+import pyro_dgp as dgp
+from pyro_dgp.diagnostics.export import to_datatree
+from pyro_dgp.gold.target import check_gold_model
+from pyro_dgp.guides.registry import GUIDES, LOCAL_INDUCING_GUIDES, make_guide
+from pyro_dgp.kernels import RBF, Matern32, White
+
+DT = torch.float64
+
+
+def _rand(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=DT)
+
+
+def _per_output_kernel(cls=RBF, P=3, D=2):
+    """``cls`` with ``outputs=P``, each output's hyperparameters set apart."""
+    k = cls(D, variance=torch.tensor(1.0, dtype=DT), lengthscale=torch.ones(D, dtype=DT),
+            outputs=P)
+    k.variance = torch.linspace(0.5, 2.0, P, dtype=DT)
+    k.lengthscale = 0.4 + torch.rand(P, D, generator=torch.Generator().manual_seed(1), dtype=DT)
+    return k
+
+
+def _output_kernel(k, d, cls=RBF):
+    """Output ``d`` of the per-output kernel ``k`` as a kernel of its own."""
+    return cls(k.input_dim, variance=k.variance[d].detach(),
+               lengthscale=k.lengthscale[d].detach())
+
+
+@pytest.mark.parametrize("cls", [RBF, Matern32])
+def test_per_output_kernel_stacks_the_kernels_of_its_outputs(cls):
+    k = _per_output_kernel(cls)
+    Z, X = _rand(4, 2), _rand(2, 1, 5, 2, seed=1)  # a batch dim, and the outputs' singleton
+    Kzz, Kzx, kxx = k.conditional_parts(Z, X)
+    assert Kzz.shape == (3, 4, 4) and Kzx.shape == (2, 3, 4, 5) and kxx.shape == (2, 3, 5)
+    for d in range(3):
+        kd = _output_kernel(k, d, cls)
+        torch.testing.assert_close(Kzz[d], kd(Z), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(Kzx[:, d], kd(Z, X[:, 0]), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(kxx[:, d], kd(X[:, 0], diag=True), rtol=0, atol=0)
+        torch.testing.assert_close(k(X)[:, d], kd(X[:, 0]), rtol=1e-12, atol=1e-12)
+
+
+def _layers(P=3, D_in=2, M=6, per_output=True):
+    """A per-output layer and, for each output, a one-output layer with that output's kernel
+    and the same inducing inputs."""
+    Z = _rand(M, D_in, seed=2)
+    k = _per_output_kernel(P=P, D=D_in)
+    layer = dgp.GPLayer(D_in, P, inducing_points=Z, kernel=k + White(D_in, variance=1e-3))
+    singles = [dgp.GPLayer(D_in, 1, inducing_points=Z,
+                           kernel=_output_kernel(k, d) + White(D_in, variance=1e-3))
+               for d in range(P)]
+    return layer, singles
+
+
+@pytest.mark.parametrize("form", ["draws", "gaussian", "per-point"])
+def test_per_output_layer_equals_its_outputs_as_single_output_layers(form):
+    layer, singles = _layers()
+    x = _rand(4, 7, 2, seed=3)
+    u = _rand(4, 3, 6, seed=4)
+    S = _rand(3, 6, 6, seed=5).tril()
+    if form == "draws":  # a u per draw: the model's p(f | u)
+        args = [(x, u[:, d:d + 1]) for d in range(3)]
+        loc, var = layer.conditional(x, u)
+    elif form == "gaussian":  # q(u) integrated out
+        args = [(x, u[0, d:d + 1], S[d:d + 1]) for d in range(3)]
+        loc, var = layer.conditional(x, u[0], S)
+    else:  # a u per point (guides' per-point estimator): x (..., N, 1, D_in)
+        up = _rand(7, 3, 6, seed=6)
+        args = [(x[0].unsqueeze(-2), up[:, d:d + 1]) for d in range(3)]
+        loc, var = layer.conditional(x[0].unsqueeze(-2), up)
+    with torch.no_grad():
+        loc_d, var_d = zip(*(s.conditional(*a) for s, a in zip(singles, args, strict=True)),
+                           strict=True)
+    torch.testing.assert_close(loc, torch.cat(loc_d, -1), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(var, torch.cat(var_d, -1), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(layer.prior_variance(x),
+                               torch.cat([s.prior_variance(x) for s in singles], -1))
+
+
+def test_equal_hyperparameters_give_the_shared_kernel_model():
+    X, y = _rand(30, 3, seed=7), _rand(30, seed=8)
+    shared = dgp.DeepGP.regression(X, y, num_layers=3, hidden_dim=2, num_inducing=8)
+    per = dgp.DeepGP.regression(X, y, num_layers=3, hidden_dim=2, num_inducing=8,
+                                kernel_per_output=True)
+    assert [layer.kernel_outputs for layer in per.layers] == [2, 2, None]
+    u, x = _rand(5, 2, 8, seed=9), _rand(5, 30, 3, seed=10)
+    for a, b in zip(shared.layers[:2], per.layers[:2], strict=True):
+        xa = x if a.input_dim == 3 else x[..., :2]
+        for got, want in zip(b.conditional(xa, u), a.conditional(xa, u), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("name", sorted(set(GUIDES) - LOCAL_INDUCING_GUIDES))
+def test_every_registry_guide_fits_and_predicts_with_a_kernel_per_output(name):
+    pyro.clear_param_store()
+    X = _rand(40, 3, seed=11)
+    y = torch.sin(X.sum(-1))
+    model = dgp.DeepGP.regression(X, y, num_layers=3, hidden_dim=2, num_inducing=6,
+                                  kernel_per_output=True)
+    guide = make_guide(name, model)
+    result = dgp.fit(model, guide, X, y, num_steps=3, progress=False)
+    assert torch.isfinite(torch.as_tensor(result.losses)).all()
+    pred = dgp.predict(model, guide, X[:5], num_samples=4)
+    assert torch.isfinite(pred.mean).all() and torch.isfinite(pred.variance).all()
+    assert model.layers[0].kernel.kernels[0].variance.shape == (2,)
+
+
+def test_export_records_a_prior_variance_per_unit():
+    pyro.clear_param_store()
+    X = _rand(20, 2, seed=12)
+    y = X[:, 0]
+    model = dgp.DeepGP.regression(X, y, num_layers=2, num_inducing=5, kernel_per_output=True)
+    guide = dgp.guides.MeanField(model)
+    dgp.fit(model, guide, X, y, num_steps=2, progress=False)
+    layers = to_datatree(model, guide, X, y, num_samples=3)["layers"].to_dataset()
+    prior = layers["layer1.prior_var"]
+    assert prior.dims == layers["layer1.f"].dims  # per unit
+    assert layers["layer2.prior_var"].dims == ("chain", "draw", "obs")  # shared
+    want = model.layers[0].prior_variance(X).detach().numpy()
+    assert abs(prior.values[0, 0] - want).max() < 1e-12
+    # sample paths draw f jointly over the points with one covariance for all outputs
+    with pytest.raises(ValueError, match="layer 'layer1': sample paths need a kernel shared"):
+        to_datatree(model, guide, X, y, num_samples=3, paths=True)
+
+
+def test_where_a_kernel_per_output_does_not_apply_the_error_says_so():
+    k = RBF(2, outputs=3)
+    with pytest.raises(ValueError, match="outputs=3 needs output_dim 3"):
+        dgp.GPLayer(2, 2, num_inducing=4, kernel=k)
+    with pytest.raises(ValueError, match="whiten=True"):
+        dgp.GPLayer(2, 3, num_inducing=4, kernel=RBF(2, outputs=3), whiten=False)
+    with pytest.raises(ValueError, match="outputs must be a positive integer|outputs"):
+        RBF(2, outputs=0)
+    with pytest.raises(ValueError, match="different outputs"):
+        dgp.GPLayer(2, 3, num_inducing=4, kernel=RBF(2, outputs=3) + RBF(2, outputs=2))
+    X, y = _rand(20, 2), _rand(20)
+    with pytest.raises(ValueError, match="kernel_per_output=True needs inducing_scheme"):
+        dgp.DeepGP.regression(X, y, inducing_scheme="propagated", kernel_per_output=True)
+    layer = dgp.GPLayer(2, 3, num_inducing=4, kernel=RBF(2, outputs=3))
+    with pytest.raises(ValueError, match="random inducing inputs need a kernel shared"):
+        with layer.given_inducing_inputs(_rand(5, 4, 2)):
+            pass
+    with pytest.raises(ValueError, match="shared by the outputs"):
+        dgp.AmortizedGPLayer(2, 3, num_inducing=4, kernel=RBF(2, outputs=3))
+    model = dgp.DeepGP.regression(X, y, kernel_per_output=True)
+    with pytest.raises(ValueError, match=r"kernel per output: \['layer1'\]"):
+        check_gold_model(model)
