@@ -9,7 +9,9 @@ Every kernel is called as ``kernel(X1, X2=None, diag=False)``:
 - ``X1``: ``(..., N, D)``, ``X2``: ``(..., M, D)`` -> ``(..., N, M)``
 - ``X2=None`` means ``X2 = X1`` *and* the same points, so noise-like kernels (``White``) add
   their diagonal only there;
-- ``diag=True`` -> ``(..., N)``, the variances ``k(x_i, x_i)``.
+- ``diag=True`` -> ``(..., N)``, the variances ``k(x_i, x_i)``;
+- a stationary kernel built with ``outputs=P`` (one set of hyperparameters per output GP of a
+  layer) adds a dim of size ``P`` before the point dims: ``(..., P, N, M)``, ``(..., P, N)``.
 
 Hyperparameters are positive ``PyroParam``s; assign a ``PyroSample`` to make one Bayesian.
 Their initial values are numbers (torch's default dtype) or floating-point tensors, which keep
