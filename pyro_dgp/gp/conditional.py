@@ -110,12 +110,26 @@ def per_output_conditional(
         ``(..., D, N)`` (or ``(..., 1, N)``); :param v_loc: ``(..., D, M)`` whitened;
     :param v_scale_tril: ``(..., D, M, K)`` or ``None``.
     :returns: ``(mean, var)``, both ``(..., N, D)``, without the mean function.
+
+    In float64 (unless :func:`quadratic_form` forbids it) the quadratic form instead:
+    ``mean = k_n^T L_d^{-T} v_d``, ``var = k_d(x, x) - k_n^T C_d k_n`` with
+    ``C_d = L_d^{-T} (I - S_d S_d^T) L_d^{-1}``, no triangular solve over the ``N`` points.
     """
-    A = _solve_per_output(Lzz, Kzx)  # (..., D, M, N)
-    mean = (v_loc.unsqueeze(-2) @ A).squeeze(-2)  # (..., D, N)
-    var = kxx_diag - A.square().sum(-2)
-    if v_scale_tril is not None:
-        var = var + (v_scale_tril.mT @ A).square().sum(-2)  # |S_d^T a_n|^2
+    if Kzx.dtype == torch.float64 and _QUADRATIC[0]:
+        eye = torch.eye(Lzz.shape[-1], dtype=Lzz.dtype, device=Lzz.device)
+        Linv = torch.linalg.solve_triangular(Lzz, eye, upper=False)  # (D, M, M)
+        C = Linv.mT @ Linv
+        if v_scale_tril is not None:
+            W = v_scale_tril.mT @ Linv  # S_d^T L_d^{-1}
+            C = C - W.mT @ W
+        mean = ((Linv.mT @ v_loc.unsqueeze(-1)).mT @ Kzx).squeeze(-2)  # (..., D, N)
+        var = kxx_diag - ((C @ Kzx) * Kzx).sum(-2)
+    else:
+        A = _solve_per_output(Lzz, Kzx)  # (..., D, M, N)
+        mean = (v_loc.unsqueeze(-2) @ A).squeeze(-2)  # (..., D, N)
+        var = kxx_diag - A.square().sum(-2)
+        if v_scale_tril is not None:
+            var = var + (v_scale_tril.mT @ A).square().sum(-2)  # |S_d^T a_n|^2
     var = var.clamp_min(torch.finfo(var.dtype).tiny)  # round-off on an inducing point
     return mean.mT, var.expand(mean.shape).mT
 

@@ -18,8 +18,11 @@ class RBF(Stationary):
         return torch.exp(-0.5 * r2)
 
     def _cross_covariance(self, Zs, Xs, var):
-        if var.dim() or self.exact_distance:
+        # a scalar variance, or one per output (outputs=P: var (P, 1), Zs (P, M, D))
+        per_output = self.outputs is not None and var.shape == (self.outputs, 1)
+        if (var.dim() and not per_output) or self.exact_distance:
             return super()._cross_covariance(Zs, Xs, var)
+        log_var = var.log().unsqueeze(-1) if per_output else var.log()
         # var exp(-|z - x|^2 / 2) = exp(z~ . x~) with z~ = [z, log var - |z|^2 / 2, 1] and
         # x~ = [x, 1, -|x|^2 / 2]: one thin GEMM and one exp over the (M, N) matrix, and in
         # the backward pass one product and two thin GEMMs, instead of about ten elementwise
@@ -27,7 +30,7 @@ class RBF(Stationary):
         # which enters exp(-r^2 / 2) at second order only.
         ones_z = Zs.new_ones(Zs.shape[:-1] + (1,))
         ones_x = Xs.new_ones(Xs.shape[:-1] + (1,))
-        z_aug = torch.cat([Zs, var.log() - 0.5 * Zs.square().sum(-1, keepdim=True), ones_z], -1)
+        z_aug = torch.cat([Zs, log_var - 0.5 * Zs.square().sum(-1, keepdim=True), ones_z], -1)
         x_aug = torch.cat([Xs, ones_x, -0.5 * Xs.square().sum(-1, keepdim=True)], -1)
         # in place: the product is not needed by the GEMM's backward, and exp's backward reads
         # its result; one fewer (M, N) allocation

@@ -10,6 +10,7 @@ import torch
 import pyro_dgp as dgp
 from pyro_dgp.diagnostics.export import to_datatree
 from pyro_dgp.gold.target import check_gold_model
+from pyro_dgp.gp.conditional import quadratic_form
 from pyro_dgp.guides.registry import GUIDES, LOCAL_INDUCING_GUIDES, make_guide
 from pyro_dgp.kernels import RBF, Matern32, White
 
@@ -61,8 +62,16 @@ def _layers(P=3, D_in=2, M=6, per_output=True):
     return layer, singles
 
 
+@pytest.mark.parametrize("quadratic", [True, False])
 @pytest.mark.parametrize("form", ["draws", "gaussian", "per-point"])
-def test_per_output_layer_equals_its_outputs_as_single_output_layers(form):
+def test_per_output_layer_equals_its_outputs_as_single_output_layers(form, quadratic):
+    """float64's quadratic form and the projected one, each against the single-output layers'
+    (projected) conditional."""
+    with quadratic_form(quadratic):
+        _per_output_layer_equals_its_outputs(form)
+
+
+def _per_output_layer_equals_its_outputs(form):
     layer, singles = _layers()
     x = _rand(4, 7, 2, seed=3)
     u = _rand(4, 3, 6, seed=4)
@@ -77,7 +86,7 @@ def test_per_output_layer_equals_its_outputs_as_single_output_layers(form):
         up = _rand(7, 3, 6, seed=6)
         args = [(x[0].unsqueeze(-2), up[:, d:d + 1]) for d in range(3)]
         loc, var = layer.conditional(x[0].unsqueeze(-2), up)
-    with torch.no_grad():
+    with torch.no_grad(), quadratic_form(False):
         loc_d, var_d = zip(*(s.conditional(*a) for s, a in zip(singles, args, strict=True)),
                            strict=True)
     torch.testing.assert_close(loc, torch.cat(loc_d, -1), rtol=1e-10, atol=1e-12)
