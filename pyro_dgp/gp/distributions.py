@@ -117,28 +117,33 @@ class FunctionPath(FunctionMarginal):
 
     Its marginals, log-density and recorded source are those of :class:`FunctionMarginal`
     ``N(loc, var)``; a draw is ``loc + L eps`` with ``L (..., N, N)`` the lower Cholesky factor
-    of the covariance of ``f`` over the points (the same for each of the ``D_out`` outputs),
+    of the covariance of ``f`` over the points (the same for each of the ``D_out`` outputs;
+    with ``per_output``, ``L (..., D_out, N, N)``, one per output, for a kernel per output),
     ``eps (..., N, D_out)`` standard normal, so ``diag(L L^T) = var``.
     """
 
     def __init__(self, loc: torch.Tensor, var: torch.Tensor, scale_tril: torch.Tensor,
-                 given_draw: bool = False, validate_args=None):
+                 given_draw: bool = False, validate_args=None, per_output: bool = False):
         super().__init__(loc, var, given_draw)
         self.path_scale_tril = scale_tril
+        self.per_output = per_output
 
     def rsample(self, sample_shape=torch.Size()):
         if sample_shape:
             raise NotImplementedError("FunctionPath draws one path per batch entry")
         loc = self.base_dist.loc
         eps = torch.randn(loc.shape, dtype=loc.dtype, device=loc.device)
-        value = loc + self.path_scale_tril @ eps
+        if self.per_output:  # L_d eps_d for each output d
+            value = loc + (self.path_scale_tril @ eps.mT.unsqueeze(-1)).squeeze(-1).mT
+        else:
+            value = loc + self.path_scale_tril @ eps
         record_source(value, SourceGaussian(loc, self.var, self.given_draw))
         return value
 
     def expand(self, batch_shape, _instance=None):
         shape = torch.Size(batch_shape) + self.event_shape
         return FunctionPath(self.base_dist.loc.expand(shape), self.var.expand(shape),
-                            self.path_scale_tril, self.given_draw)
+                            self.path_scale_tril, self.given_draw, per_output=self.per_output)
 
 
 class LayerConditional(dist.TorchDistribution):

@@ -94,7 +94,8 @@ class _Redirect(Messenger):
             x, u = record.inputs, record.inducing
             if self.guide._paths_only:  # f jointly over x given the run's draw of u
                 loc, var, scale_tril = estimators.path(site, x, u)
-                msg["fn"] = masked_out(FunctionPath(loc, var, scale_tril))
+                msg["fn"] = masked_out(FunctionPath(
+                    loc, var, scale_tril, per_output=bool(site.layer.kernel_outputs)))
                 msg["is_observed"], msg["value"] = False, None
                 return False
             if record.given_u_only:

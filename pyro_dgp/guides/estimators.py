@@ -26,16 +26,15 @@ def sampled(site: LayerSite, x: torch.Tensor, u: torch.Tensor):
 def path(site: LayerSite, x: torch.Tensor, u: torch.Tensor):
     """``(loc, var, scale_tril)``: :func:`sampled` and the lower Cholesky factor ``(..., N, N)``
     of the model's covariance of ``f`` over the ``N`` points given ``u``,
-    ``K_XX - K_XZ K_ZZ^-1 K_ZX`` (shared by the outputs), to draw ``f`` jointly over ``x`` as
-    one function's values. ``O(N^3)`` per batch entry of ``x``."""
+    ``K_XX - K_XZ K_ZZ^-1 K_ZX`` (shared by the outputs; ``(..., D_out, N, N)``, one per output,
+    for a kernel per output), to draw ``f`` jointly over ``x`` as one function's values.
+    ``O(N^3)`` per batch entry of ``x`` (and output)."""
     layer = site.layer
-    if layer.kernel_outputs:
-        raise ValueError(f"layer '{layer.name}': sample paths need a kernel shared by the "
-                         "outputs; this layer has one per output (outputs=)")
     loc, var = sampled(site, x, u)
-    A = solve_triangular(layer.kzz_cholesky(), layer.kernel(layer.current_inducing_inputs(), x),
-                         upper=False)  # (..., M, N)
-    residual = layer.kernel(x) - A.mT @ A
+    xs = x.unsqueeze(-3) if layer.kernel_outputs else x  # a kernel per output: its own dim
+    A = solve_triangular(layer.kzz_cholesky(), layer.kernel(layer.current_inducing_inputs(), xs),
+                         upper=False)  # (..., M, N), or (..., D, M, N) per output
+    residual = layer.kernel(xs) - A.mT @ A
     # the residual is near-singular wherever u pins f down: jitter relative to its own scale
     scale_tril = cholesky(0.5 * (residual + residual.mT),
                           name=f"layer '{layer.name}' (sample path)")
