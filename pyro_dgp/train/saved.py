@@ -219,6 +219,12 @@ def _check_config_describes(model: DeepGP, config: dict) -> None:
         raise ValueError(f"save_fit: config['model'] describes a {builder.name} model "
                          f"({said} inducing points), but the model's layers have {has} "
                          f"inducing points (for this model, \"architecture\": one of {fits})")
+    per_output = [layer.name for layer in model.layers if getattr(layer, "kernel_outputs", None)]
+    said = bool(cfg.get("kernel_per_output", False))
+    if "kernel_per_output" in builder.options and bool(per_output) != said:
+        raise ValueError(f"save_fit: config['model'] has kernel_per_output={said}, but the "
+                         f"model's layers {per_output or 'all'} have "
+                         f"{'a kernel per output' if per_output else 'shared kernels'}")
     layers = builder.num_layers(cfg)
     if layers != len(model.layers):
         raise ValueError(f"save_fit: config['model'] describes {layers} layers, the model has "

@@ -60,3 +60,21 @@ def test_a_registered_builder_refuses_an_option_it_does_not_take(one_layer_model
 def test_a_name_registered_twice_is_refused():
     with pytest.raises(ValueError, match="'dsvi' is already registered"):
         register_model("dsvi", lambda X, y, task: None, options=(), num_layers=len)
+
+
+def test_a_fit_with_a_kernel_per_output_saves_loads_and_names_a_config_that_disagrees(tmp_path):
+    X, y = _data()
+    config = {"model": {"num_layers": 2, "hidden_dim": 2, "num_inducing": 5,
+                        "kernel_per_output": True}, "guide": "meanfield"}
+    model = model_from_config(config["model"], X, y)
+    guide = dgp.guides.MeanField(model)
+    dgp.fit(model, guide, X, y, num_steps=3, progress=False, final_elbo_particles=0)
+    save_fit(tmp_path / "fit.pt", model, guide, config)
+    loaded, loaded_guide, _ = load_fit(tmp_path / "fit.pt", X, y)
+    assert loaded.layers[0].kernel_outputs == 2
+    torch.testing.assert_close(dgp.predict(loaded, loaded_guide, X, seed=0).mean,
+                               dgp.predict(model, guide, X, seed=0).mean, rtol=1e-12, atol=0)
+    shared = {"model": {**config["model"], "kernel_per_output": False}, "guide": "meanfield"}
+    with pytest.raises(ValueError, match=r"kernel_per_output=False, but the model's layers "
+                                         r"\['layer1'\] have a kernel per output"):
+        save_fit(tmp_path / "other.pt", model, guide, shared)
