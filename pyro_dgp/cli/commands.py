@@ -275,6 +275,11 @@ def _model_config(args, num_train: int) -> dict:
     cfg.update({size: value for size, (_, value, _) in sizes.items()
                 if size in builder.sizes and value is not None})
     cfg["seed"] = args.seed
+    if args.kernel_per_output:
+        if "kernel_per_output" not in builder.options:
+            raise ValueError(f"--kernel-per-output does not apply to --model {args.model}, "
+                             f"{builder.about}")
+        cfg["kernel_per_output"] = True
     if args.classification:
         cfg["task"] = "classification"
     return cfg

@@ -154,6 +154,9 @@ def _add_fit(sub) -> None:
     f.add_argument("--hidden-dim", type=_positive_int,
                    help="width of the inner layers (default: min(30, input dims))")
     _num_inducing_args(f)
+    f.add_argument("--kernel-per-output", action="store_true",
+                   help="dsvi: each inner GP its own kernel hyperparameters (default: one "
+                        "kernel per layer)")
     f.add_argument("--model", choices=list(MODELS), default=DEFAULT_MODEL,
                    help="dsvi: layers with global inducing points (--layers, --hidden-dim, "
                         "--num-inducing); avdgp: per-point inducing points, the architecture of "

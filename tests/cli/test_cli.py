@@ -382,3 +382,14 @@ def test_evaluate_plots_what_applies_to_two_inputs_and_says_what_it_skipped(tmp_
     assert ("plot 'paths' skipped: layer sample paths are curves against a 1-D input; these "
             "inputs have 2 dims") in captured.err
     assert "wrote layer_variance.png, predictive.png, hyperparameters.png" in captured.out
+
+
+def test_fit_with_a_kernel_per_output_saves_it_in_the_fits_config(tmp_path, capsys):
+    assert main(["fit", "--data", "step", "--steps", "2", "--num-inducing", "5",
+                 "--kernel-per-output", "--output", str(tmp_path), "--quiet"]) == 0
+    state = torch.load(tmp_path / "fit.pt", weights_only=True)
+    assert state["config"]["model"]["kernel_per_output"] is True
+    code = main(["fit", "--data", "step", "--steps", "2", "--model", "avdgp",
+                 "--kernel-per-output", "--output", str(tmp_path / "a"), "--quiet"])
+    assert code == 2 and "--kernel-per-output does not apply to --model avdgp" in \
+        capsys.readouterr().err
