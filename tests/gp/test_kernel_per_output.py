@@ -201,3 +201,16 @@ def test_where_a_kernel_per_output_does_not_apply_the_error_says_so():
     model = dgp.DeepGP.regression(X, y, kernel_per_output=True)
     with pytest.raises(ValueError, match=r"kernel per output: \['layer1'\]"):
         check_gold_model(model)
+
+
+def test_float32_data_give_a_float32_per_output_model_equal_to_the_shared_one():
+    """Dtype follows the data; float32 takes the projected form (no quadratic form there)."""
+    X, y = _rand(30, 3, seed=16).float(), _rand(30, seed=17).float()
+    shared = dgp.DeepGP.regression(X, y, hidden_dim=2, num_inducing=8)
+    per = dgp.DeepGP.regression(X, y, hidden_dim=2, num_inducing=8, kernel_per_output=True)
+    assert per.layers[0].kernel.kernels[0].lengthscale.dtype == torch.float32
+    u, S = _rand(2, 8, seed=18).float(), _rand(2, 8, 8, seed=19).float().tril()
+    for got, want in zip(per.layers[0].conditional(X, u, S), shared.layers[0].conditional(X, u, S),
+                         strict=True):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
