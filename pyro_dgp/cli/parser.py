@@ -150,13 +150,7 @@ def _add_fit(sub) -> None:
                     "are summed, process 0 writes the checkpoint, the fit and its scores "
                     "(gloo on CPU, nccl with --device cuda).")
     _data_args(f, for_fit=True)
-    f.add_argument("--layers", type=_positive_int, default=DEFAULT_LAYERS, help="GP layers")
-    f.add_argument("--hidden-dim", type=_positive_int,
-                   help="width of the inner layers (default: min(30, input dims))")
-    _num_inducing_args(f)
-    f.add_argument("--kernel-per-output", action="store_true",
-                   help="dsvi: each inner GP its own kernel hyperparameters (default: one "
-                        "kernel per layer)")
+    _size_args(f)
     f.add_argument("--model", choices=list(MODELS), default=DEFAULT_MODEL,
                    help="dsvi: layers with global inducing points (--layers, --hidden-dim, "
                         "--num-inducing); avdgp: per-point inducing points, the architecture of "
@@ -220,6 +214,17 @@ def _add_evaluate(sub) -> None:
                         "skipped are named on stderr")
     _threads_arg(e)
     e.set_defaults(func=cmd_evaluate)
+
+
+def _size_args(f) -> None:
+    """``fit``'s options of the model's sizes and kernels (for ``--model dsvi``)."""
+    f.add_argument("--layers", type=_positive_int, default=DEFAULT_LAYERS, help="GP layers")
+    f.add_argument("--hidden-dim", type=_positive_int,
+                   help="width of the inner layers (default: min(30, input dims))")
+    _num_inducing_args(f)
+    f.add_argument("--kernel-per-output", action="store_true",
+                   help="dsvi: each inner GP its own kernel hyperparameters (default: one "
+                        "kernel per layer)")
 
 
 def _num_inducing_args(f) -> None:
