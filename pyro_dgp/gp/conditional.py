@@ -116,12 +116,7 @@ def per_output_conditional(
     ``C_d = L_d^{-T} (I - S_d S_d^T) L_d^{-1}``, no triangular solve over the ``N`` points.
     """
     if Kzx.dtype == torch.float64 and _QUADRATIC[0]:
-        eye = torch.eye(Lzz.shape[-1], dtype=Lzz.dtype, device=Lzz.device)
-        Linv = torch.linalg.solve_triangular(Lzz, eye, upper=False)  # (D, M, M)
-        C = Linv.mT @ Linv
-        if v_scale_tril is not None:
-            W = v_scale_tril.mT @ Linv  # S_d^T L_d^{-1}
-            C = C - W.mT @ W
+        Linv, C = _quadratic_matrix(Lzz, v_scale_tril)  # (D, M, M) each
         mean = ((Linv.mT @ v_loc.unsqueeze(-1)).mT @ Kzx).squeeze(-2)  # (..., D, N)
         var = kxx_diag - ((C @ Kzx) * Kzx).sum(-2)
     else:
@@ -132,6 +127,20 @@ def per_output_conditional(
             var = var + (v_scale_tril.mT @ A).square().sum(-2)  # |S_d^T a_n|^2
     var = var.clamp_min(torch.finfo(var.dtype).tiny)  # round-off on an inducing point
     return mean.mT, var.expand(mean.shape).mT
+
+
+def _quadratic_matrix(Lzz: torch.Tensor, v_scale_tril: torch.Tensor | None):
+    """``(L^{-1}, C)`` of the quadratic form: ``C_d = L^{-T} (I - S_d S_d^T) L^{-1}``
+    (``K_ZZ^{-1}`` without ``S``), exactly symmetric, as :class:`_QuadraticConditional`'s
+    backward pass assumes. ``Lzz (M, M)`` or one per output ``(D, M, M)``; ``v_scale_tril``
+    ``(D, M, K)``; ``C`` ``(D, M, M)``, or ``(M, M)`` for one ``L`` without ``S``."""
+    eye = torch.eye(Lzz.shape[-1], dtype=Lzz.dtype, device=Lzz.device)
+    Linv = torch.linalg.solve_triangular(Lzz, eye, upper=False)
+    C = Linv.mT @ Linv
+    if v_scale_tril is not None:
+        W = v_scale_tril.mT @ Linv  # (D, K, M): S_d^T L^{-1}
+        C = C - W.mT @ W
+    return Linv, 0.5 * (C + C.mT)
 
 
 def _solve_per_output(L: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
@@ -191,14 +200,9 @@ def _projected(Kzx, Lzz, kxx_diag, v_loc, v_scale_tril):
 
 
 def _quadratic(Kzx, Lzz, kxx_diag, v_loc, v_scale_tril):
-    M = Lzz.shape[-1]
-    eye = torch.eye(M, dtype=Lzz.dtype, device=Lzz.device)
-    Linv = torch.linalg.solve_triangular(Lzz, eye, upper=False)  # (M, M)
-    C = (Linv.mT @ Linv).unsqueeze(0)  # K_ZZ^-1, (1, M, M)
-    if v_scale_tril is not None:
-        W = v_scale_tril.mT @ Linv  # (D, K, M): S_d^T L^-1
-        C = C - W.mT @ W  # (D, M, M)
-    C = 0.5 * (C + C.mT)  # exactly symmetric, as the backward pass assumes
+    C = _quadratic_matrix(Lzz, v_scale_tril)[1]
+    if C.dim() == 2:
+        C = C.unsqueeze(0)  # (1, M, M): one C for every output
     alpha = solve_triangular(Lzz.mT, v_loc.mT, upper=True)  # (..., M, D)
     if alpha.dim() == 2:  # one q for the whole batch (training): mean and variance fused
         mean, quad = quadratic_conditional(Kzx, C, alpha)
