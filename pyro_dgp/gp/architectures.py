@@ -257,7 +257,7 @@ def dsvi_layers(X, num_layers, hidden, M, kernel, whiten, inner_noise, kernel_va
     locations = inducing_scheme == "propagated"
     if locations and kernel_per_output:
         raise ValueError("kernel_per_output=True needs inducing_scheme='per-layer' (a kernel "
-                         "per output is for whitened layers with stored inducing inputs)")
+                         "per output is for layers with stored inducing inputs)")
     D = X.shape[-1]
     dims = [D] + [hidden] * (num_layers - 1) + [1]
     Z = kmeans(X, M, seed)

@@ -71,12 +71,9 @@ def conditional(
         :func:`quadratic_form`.
     :returns: ``(mean, var)``, both ``(..., N, D)``, without the mean function.
     """
-    if not whiten:
-        # v = L^{-1} u, S_v^{1/2} = L^{-1} S^{1/2}; L's batch dims (random Z) sit before D
-        L_d = Lzz if Lzz.dim() == 2 else Lzz.unsqueeze(-3)
-        u_loc = solve_triangular(L_d, u_loc.unsqueeze(-1), upper=False).squeeze(-1)
-        if u_scale_tril is not None:
-            u_scale_tril = solve_triangular(L_d, u_scale_tril, upper=False)
+    if not whiten:  # L's batch dims (random Z) sit before D
+        u_loc, u_scale_tril = _whitened(Lzz if Lzz.dim() == 2 else Lzz.unsqueeze(-3), u_loc,
+                                        u_scale_tril)
     applies = (
         Lzz.dim() == 2
         and Kzx.dtype == torch.float64
@@ -101,20 +98,24 @@ def per_output_conditional(
     kxx_diag: torch.Tensor,
     v_loc: torch.Tensor,
     v_scale_tril: torch.Tensor | None = None,
+    whiten: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`conditional`'s whitened projected form for ``D`` outputs that each have their own
+    """:func:`conditional`'s projected form for ``D`` outputs that each have their own
     kernel (one ``Z``): ``A_d = L_d^{-1} K_ZX^{(d)}``, mean ``A_d^T v_d``, variance
     ``k_d(x, x) - |A_d|^2 + |S_d^T A_d|^2`` per output.
 
     :param Kzx: ``(..., D, M, N)``; :param Lzz: ``(D, M, M)``; :param kxx_diag:
-        ``(..., D, N)`` (or ``(..., 1, N)``); :param v_loc: ``(..., D, M)`` whitened;
-    :param v_scale_tril: ``(..., D, M, K)`` or ``None``.
+        ``(..., D, N)`` (or ``(..., 1, N)``); :param v_loc: ``(..., D, M)``;
+    :param v_scale_tril: ``(..., D, M, K)`` or ``None``; :param whiten: whether they are
+        whitened (else ``u_d``, mapped to ``v_d = L_d^{-1} u_d``, ``L_d^{-1} S_d``).
     :returns: ``(mean, var)``, both ``(..., N, D)``, without the mean function.
 
     In float64 (unless :func:`quadratic_form` forbids it) the quadratic form instead:
     ``mean = k_n^T L_d^{-T} v_d``, ``var = k_d(x, x) - k_n^T C_d k_n`` with
     ``C_d = L_d^{-T} (I - S_d S_d^T) L_d^{-1}``, no triangular solve over the ``N`` points.
     """
+    if not whiten:  # each output's own factor L_d
+        v_loc, v_scale_tril = _whitened(Lzz, v_loc, v_scale_tril)
     if Kzx.dtype == torch.float64 and _QUADRATIC[0]:
         Linv, C = _quadratic_matrix(Lzz, v_scale_tril)  # (D, M, M) each
         mean = ((Linv.mT @ v_loc.unsqueeze(-1)).mT @ Kzx).squeeze(-2)  # (..., D, N)
@@ -127,6 +128,15 @@ def per_output_conditional(
             var = var + (v_scale_tril.mT @ A).square().sum(-2)  # |S_d^T a_n|^2
     var = var.clamp_min(torch.finfo(var.dtype).tiny)  # round-off on an inducing point
     return mean.mT, var.expand(mean.shape).mT
+
+
+def _whitened(L: torch.Tensor, u_loc: torch.Tensor, u_scale_tril: torch.Tensor | None):
+    """``(v, S_v^{1/2}) = (L^{-1} u, L^{-1} S^{1/2})``: an unwhitened ``q(u)`` in whitened
+    coordinates, for ``L (..., M, M)`` aligned with ``u_loc (..., D, M)``'s leading dims."""
+    v_loc = solve_triangular(L, u_loc.unsqueeze(-1), upper=False).squeeze(-1)
+    if u_scale_tril is not None:
+        u_scale_tril = solve_triangular(L, u_scale_tril, upper=False)
+    return v_loc, u_scale_tril
 
 
 def _quadratic_matrix(Lzz: torch.Tensor, v_scale_tril: torch.Tensor | None):

@@ -78,13 +78,14 @@ def gaussian_kl_to_layer_prior(layers, mean, R, d=None, logdet_S=None) -> torch.
             if db is not None:
                 total = total + db.sum()
         else:
-            Lk = layer.kzz_cholesky()
+            Lk = layer.kzz_cholesky()  # (M, M) shared by the outputs, or (D, M, M) one each
             LiR = torch.linalg.solve_triangular(Lk, Rb, upper=False)
             Lim = torch.linalg.solve_triangular(Lk, m.unsqueeze(-1), upper=False)
             total = total + (LiR * LiR).sum() + (Lim * Lim).sum()
-            total = total + 2 * D * Lk.diagonal().log().sum()
+            log_diag = Lk.diagonal(dim1=-2, dim2=-1).log().sum()
+            total = total + 2 * (log_diag if layer.kernel_outputs else D * log_diag)
             if db is not None:
-                Kinv_diag = torch.cholesky_inverse(Lk).diagonal()
+                Kinv_diag = torch.cholesky_inverse(Lk).diagonal(dim1=-2, dim2=-1)
                 total = total + (db * Kinv_diag).sum()
         offset += n
     return 0.5 * total

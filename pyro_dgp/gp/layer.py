@@ -104,7 +104,7 @@ class GPLayer(PyroModule):
         dtype). ``num_inducing``, if also given, must equal M.
     :param kernel: a :class:`~pyro_dgp.kernels.Kernel` over D_in (default ARD RBF); moved to
         Z's dtype and device. A kernel with ``outputs=D_out`` gives each output GP its own
-        hyperparameters (whitened layers with stored ``Z`` only).
+        hyperparameters (layers with stored ``Z`` only).
     :param mean: ``"zero"``, ``"identity"`` (needs D_in == D_out), a fixed finite
         ``(D_in, D_out)`` matrix W (``m(x) = x W``, e.g. a PCA map; stored in Z's dtype and
         device; learned from there with ``train_mean=True``), or a callable
@@ -155,11 +155,9 @@ class GPLayer(PyroModule):
         self._mean_kind, self._mean_fn = self._parse_mean(mean, inducing_points, train_mean)
         self.whiten = bool(whiten)
         self.kernel_outputs = kernel_outputs(self.kernel)
-        if self.kernel_outputs not in (None, self.output_dim) or (
-                self.kernel_outputs and not self.whiten):
-            raise ValueError(
-                f"GPLayer: a kernel with outputs={self.kernel_outputs} needs output_dim "
-                f"{self.kernel_outputs} and whiten=True (got {self.output_dim}, {self.whiten})")
+        if self.kernel_outputs not in (None, self.output_dim):
+            raise ValueError(f"GPLayer: a kernel with outputs={self.kernel_outputs} needs "
+                             f"output_dim {self.kernel_outputs}, got {self.output_dim}")
         if jitter is not None:
             jitter = check_positive_finite(jitter, "GPLayer: jitter")
         self.jitter = jitter
@@ -305,13 +303,10 @@ class GPLayer(PyroModule):
         :returns: ``(loc, var)``, each ``(..., N, D_out)``, the mean function included.
         """
         Z = self.current_inducing_inputs()  # read once: a PyroParam read is a pyro.param call
-        if self.kernel_outputs:  # K_ZZ (D, M, M), K_ZX (..., D, M, N), k(x, x) (..., D, N)
-            Kzz, Kzx, kxx = self.kernel.conditional_parts(Z, x.unsqueeze(-3))
-            loc, var = per_output_conditional(Kzx, Lzz if Lzz is not None else
-                                              self.cholesky_of(Kzz), kxx, u_loc, u_scale_tril)
-            return loc + self.mean_function(x), var
-        # K_ZZ, K_ZX and k(x, x) with each kernel hyperparameter read once
-        Kzz, Kzx, kxx = self.kernel.conditional_parts(Z, x)
+        per_output = self.kernel_outputs is not None
+        # K_ZZ, K_ZX and k(x, x) with each kernel hyperparameter read once: (M, M), (..., M, N),
+        # (..., N); with a kernel per output (D, M, M), (..., D, M, N), (..., D, N)
+        Kzz, Kzx, kxx = self.kernel.conditional_parts(Z, x.unsqueeze(-3) if per_output else x)
         if Kzx is None:  # a white-noise-only kernel
             batch = torch.broadcast_shapes(Z.shape[:-2], x.shape[:-2])
             Kzx = Z.new_zeros(batch + (Z.shape[-2], x.shape[-2]))
@@ -319,7 +314,8 @@ class GPLayer(PyroModule):
             Lzz = self.cholesky_of(Kzz)
         if self.function_values:
             u_loc = u_loc - self.mean_function(Z).mT
-        loc, var = conditional(Kzx, Lzz, kxx, u_loc, u_scale_tril, self.whiten)
+        solve = per_output_conditional if per_output else conditional
+        loc, var = solve(Kzx, Lzz, kxx, u_loc, u_scale_tril, self.whiten)
         return loc + self.mean_function(x), var
 
     def prior_variance(self, x: torch.Tensor) -> torch.Tensor:
@@ -351,6 +347,8 @@ class GPLayer(PyroModule):
             loc = self.mean_function(Z).mT
         else:
             loc = Z.new_zeros(self.output_dim, M)
+        if self.kernel_outputs:  # a factor per output, (D, M, M); its Z is stored
+            return dist.MultivariateNormal(loc, scale_tril=tril).to_event(1)
         if Z.dim() > 2:  # random Z: put back the data plate's singleton dim
             loc, tril = loc.unsqueeze(-3), tril.unsqueeze(-3)
         loc = loc.expand(torch.broadcast_shapes(loc.shape[:-2], tril.shape[:-2]) + loc.shape[-2:])

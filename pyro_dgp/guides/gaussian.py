@@ -76,8 +76,8 @@ def check_size(loc: torch.Tensor, size: int, what: str) -> None:
 
 
 def initial_scale_tril(site: LayerSite, inner_variance: float) -> torch.Tensor:
-    """``(M, M)`` Cholesky factor of the initial ``Cov q(u)`` of ``site`` (Salimbeni and Deisenroth
-    2017):
+    """``(M, M)`` Cholesky factor of the initial ``Cov q(u)`` of ``site`` (``(D_out, M, M)`` for
+    an unwhitened layer with a kernel per output; Salimbeni and Deisenroth 2017):
     ``c I`` in whitened coordinates, ``c = inner_variance`` for inner layers and ``1`` (the
     prior) for the last; mapped to an unwhitened layer's ``u`` as ``c K_ZZ``, not ``c I``,
     which against a near-singular ``K_ZZ`` would start the KL at ~``c tr(K_ZZ^-1)``."""

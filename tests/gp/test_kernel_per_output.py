@@ -54,29 +54,38 @@ def test_per_output_kernel_stacks_the_kernels_of_its_outputs(cls):
         torch.testing.assert_close(k(X)[:, d], kd(X[:, 0]), rtol=1e-12, atol=1e-12)
 
 
-def _layers(P=3, D_in=2, M=6, per_output=True):
+def _layers(P=3, D_in=2, M=6, whiten=True):
     """A per-output layer and, for each output, a one-output layer with that output's kernel
     and the same inducing inputs."""
     Z = _rand(M, D_in, seed=2)
     k = _per_output_kernel(P=P, D=D_in)
-    layer = dgp.GPLayer(D_in, P, inducing_points=Z, kernel=k + White(D_in, variance=1e-3))
-    singles = [dgp.GPLayer(D_in, 1, inducing_points=Z,
+    layer = dgp.GPLayer(D_in, P, inducing_points=Z, kernel=k + White(D_in, variance=1e-3),
+                        whiten=whiten)
+    singles = [dgp.GPLayer(D_in, 1, inducing_points=Z, whiten=whiten,
                            kernel=_output_kernel(k, d) + White(D_in, variance=1e-3))
                for d in range(P)]
     return layer, singles
 
 
+@pytest.mark.parametrize("whiten", [True, False])
 @pytest.mark.parametrize("quadratic", [True, False])
 @pytest.mark.parametrize("form", ["draws", "gaussian", "per-point"])
-def test_per_output_layer_equals_its_outputs_as_single_output_layers(form, quadratic):
-    """float64's quadratic form and the projected one, each against the single-output layers'
-    (projected) conditional."""
+def test_per_output_layer_equals_its_outputs_as_single_output_layers(form, quadratic, whiten):
+    """float64's quadratic form and the projected one, whitened ``u`` or not, each against the
+    single-output layers' (projected) conditional."""
     with quadratic_form(quadratic):
-        _per_output_layer_equals_its_outputs(form)
+        _per_output_layer_equals_its_outputs(form, whiten)
 
 
-def _per_output_layer_equals_its_outputs(form):
-    layer, singles = _layers()
+def test_an_unwhitened_per_output_prior_is_each_outputs_kernel():
+    layer, singles = _layers(whiten=False)
+    u = _rand(3, 6, seed=11)
+    want = sum(s.prior().log_prob(u[d:d + 1]) for d, s in enumerate(singles))
+    torch.testing.assert_close(layer.prior().log_prob(u), want, rtol=1e-12, atol=1e-12)
+
+
+def _per_output_layer_equals_its_outputs(form, whiten=True):
+    layer, singles = _layers(whiten=whiten)
     x = _rand(4, 7, 2, seed=3)
     u = _rand(4, 3, 6, seed=4)
     S = _rand(3, 6, 6, seed=5).tril()
@@ -112,13 +121,14 @@ def test_equal_hyperparameters_give_the_shared_kernel_model():
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-13)
 
 
+@pytest.mark.parametrize("whiten", [True, False])
 @pytest.mark.parametrize("name", sorted(set(GUIDES) - LOCAL_INDUCING_GUIDES))
-def test_every_registry_guide_fits_and_predicts_with_a_kernel_per_output(name):
+def test_every_registry_guide_fits_and_predicts_with_a_kernel_per_output(name, whiten):
     pyro.clear_param_store()
     X = _rand(40, 3, seed=11)
     y = torch.sin(X.sum(-1))
     model = dgp.DeepGP.regression(X, y, num_layers=3, hidden_dim=2, num_inducing=6,
-                                  kernel_per_output=True)
+                                  kernel_per_output=True, whiten=whiten)
     guide = make_guide(name, model)
     result = dgp.fit(model, guide, X, y, num_steps=3, progress=False)
     assert torch.isfinite(torch.as_tensor(result.losses)).all()
@@ -181,10 +191,8 @@ def test_export_draws_sample_paths_on_a_grid():
 
 def test_where_a_kernel_per_output_does_not_apply_the_error_says_so():
     k = RBF(2, outputs=3)
-    with pytest.raises(ValueError, match="outputs=3 needs output_dim 3"):
+    with pytest.raises(ValueError, match="outputs=3 needs output_dim 3, got 2"):
         dgp.GPLayer(2, 2, num_inducing=4, kernel=k)
-    with pytest.raises(ValueError, match="whiten=True"):
-        dgp.GPLayer(2, 3, num_inducing=4, kernel=RBF(2, outputs=3), whiten=False)
     with pytest.raises(ValueError, match="RBF: outputs must be a positive integer, got 0"):
         RBF(2, outputs=0)
     with pytest.raises(ValueError, match="different outputs"):
@@ -214,3 +222,25 @@ def test_float32_data_give_a_float32_per_output_model_equal_to_the_shared_one():
                          strict=True):
         assert got.dtype == torch.float32
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_joint_kl_to_an_unwhitened_per_output_prior_is_the_sum_of_the_outputs_kls():
+    """The cross-layer guides' closed-form KL against each output's own ``N(0, K_ZZ^(d))``."""
+    from torch.distributions import MultivariateNormal, kl_divergence
+
+    from pyro_dgp.gp.kl import gaussian_kl_to_layer_prior
+
+    layer, singles = _layers(whiten=False)
+    mean, R = _rand(18, seed=12), _rand(18, 18, seed=13).tril() + 2 * torch.eye(18, dtype=DT)
+    d = _rand(18, seed=14).square()
+    got = gaussian_kl_to_layer_prior([layer], mean, R, d)
+    cov = R @ R.mT + torch.diag(d)
+    want = sum(kl_divergence(MultivariateNormal(mean[6 * k:6 * k + 6],
+                                                cov[6 * k:6 * k + 6, 6 * k:6 * k + 6]),
+                             MultivariateNormal(torch.zeros(6, dtype=DT),
+                                                scale_tril=s.kzz_cholesky()))
+               for k, s in enumerate(singles))
+    # the joint's KL to the product of priors adds the mutual information between the blocks
+    blocks = sum(torch.linalg.slogdet(cov[6 * k:6 * k + 6, 6 * k:6 * k + 6])[1] for k in range(3))
+    want = want + 0.5 * (blocks - torch.linalg.slogdet(cov)[1])
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
