@@ -47,7 +47,7 @@ DEMO_COMMAND = (
 TEST_COMMAND = (
     "python3 -m venv .venv && . .venv/bin/activate && pip install -c .ci/constraints.txt "
     "torch==2.13.0 && pip install -c .ci/constraints.txt -e \".[dev,bench]\" && "
-    "python -m pytest -q"
+    "python -m pytest -q -n auto"
 )
 
 
