@@ -393,6 +393,18 @@ SECTIONS = (
             "and device on each UCI split; mean (standard error) over the splits run, test "
             "log-lik and RMSE in original units, NLL of the standardised targets.",
             combine=over_splits),
+    Section("Does a kernel per hidden GP beat one kernel per layer?", "uci_gpytorch",
+            lambda rec: rec["settings"].get("device") == "cpu",
+            (Column("data set (splits)", lambda rec, flat: "{dataset} ({splits})".format(
+                **rec["settings"]).replace(" ()", ""), ("rank", "dataset", "splits")),
+             *(_figure(peer, f"{header}: log-lik / RMSE")
+               for peer, header in studies.KERNEL_PEERS.items()),
+             _figure("ahead", "ahead (splits ahead)")),
+            "The rows of the section above side by side: `DeepGP.regression`'s default (one "
+            "kernel per layer, `ours`) against `kernel_per_output=True` (`ours-per-output`), "
+            "mean test log-lik / RMSE in original units over the splits both have run, with "
+            "GPyTorch's DeepGP on the same splits where it has run them all.",
+            combine=studies.kernel_rows),
     Section("How do the guides compare?", "uci", _guide_comparison,
             (DATASET_MODEL, _setting("guide"), _setting("steps"), SPLITS, LOGLIK, RMSE,
              _figure("s_per_step", "s/step")),

@@ -1,6 +1,7 @@
-"""The rows of two sections of ``BENCHMARKS.md`` whose table is not one row per record: the
-defaults study (``defaults.py``: sets by objectives, with a rule row) and the guide atlas
-(``guides.py``: sets by guides, beside Lindinger et al. 2020's Table 1).
+"""The rows of the sections of ``BENCHMARKS.md`` whose table is not one row per record: the
+defaults study (``defaults.py``: sets by objectives, with a rule row), the guide atlas
+(``guides.py``: sets by guides, beside Lindinger et al. 2020's Table 1) and the kernel layouts
+(``peers.py``: one kernel per layer against one per hidden GP, sets by peers).
 
 Each ``*_rows`` function takes the latest record of each configuration and returns the rows
 as records (``settings``, ``figures``, and the command, commit, date and machine of the
@@ -10,8 +11,8 @@ latest record behind the row, which is the row's run).
 from __future__ import annotations
 
 __all__ = ["ATLAS_GUIDES", "INTEGER_TARGETS", "LINDINGER", "OBJECTIVES", "SET_ORDER",
-           "atlas_goal_rows", "atlas_rows", "lindinger_cell", "objective_cell",
-           "objective_rows", "winners"]
+           "KERNEL_PEERS", "atlas_goal_rows", "atlas_rows", "kernel_rows", "lindinger_cell",
+           "objective_cell", "objective_rows", "winners"]
 
 #: UCI sets by training-set size, smallest first
 SET_ORDER = ("yacht", "boston", "energy", "concrete", "wine_red", "kin8nm", "power", "naval",
@@ -244,4 +245,52 @@ def atlas_goal_rows(records: list[dict]) -> list[dict]:
             "figures": {"best": "", "best_cell": "", "meanfield": "", "richer": "",
                         "sghmc": f"of {len(LINDINGER)} sets",
                         "goal": f"{reached}; {richer}"}})
+    return rows
+
+
+#: the peers of the kernel-layout table (``peers.py`` names) and their columns
+KERNEL_PEERS = {"ours": "one kernel per layer", "ours-per-output": "a kernel per hidden GP",
+                "deepgp": "GPyTorch DeepGP"}
+
+
+def _kernel_cell(recs: list[dict]) -> str:
+    ll = sum(r["figures"]["test_loglik"] for r in recs) / len(recs)
+    rmse = sum(r["figures"]["rmse"] for r in recs) / len(recs)
+    return f"{ll:.3f} / {rmse:.3g}"
+
+
+def kernel_rows(records: list[dict]) -> list[dict]:
+    """One row per set: each of :data:`KERNEL_PEERS`' mean test log-lik / RMSE over the
+    splits both of ours have run at ``fit``'s current settings (``particles`` recorded;
+    GPyTorch's where it has them all), which layout is ahead in mean log-lik and on how many
+    of those splits, and a last row counting the sets each layout leads."""
+    by_set: dict[str, dict[str, dict[int, dict]]] = {}
+    for rec in records:
+        s = rec["settings"]
+        if s.get("peer") not in KERNEL_PEERS or (s["peer"] != "deepgp" and "particles" not in s):
+            continue
+        by_set.setdefault(s["dataset"], {}).setdefault(s["peer"], {})[s["split"]] = rec
+    rows, leads = [], {"ours": 0, "ours-per-output": 0}
+    for dataset in sorted(by_set, key=_rank):
+        peers = by_set[dataset]
+        splits = sorted(set(peers.get("ours", {})) & set(peers.get("ours-per-output", {})))
+        if not splits:
+            continue
+        chosen = {p: [peers[p][k] for k in splits] for p in KERNEL_PEERS
+                  if set(splits) <= set(peers.get(p, {}))}
+        ll = {p: [r["figures"]["test_loglik"] for r in chosen[p]] for p in leads}
+        lead = max(leads, key=lambda p: sum(ll[p]))
+        leads[lead] += 1
+        ahead = sum(a > b for a, b in zip(ll[lead], ll[next(p for p in leads if p != lead)],
+                                          strict=True))
+        rows.append({**_latest(chosen["ours"] + chosen["ours-per-output"]), "settings": {
+            "rank": _rank(dataset), "dataset": dataset, "splits": len(splits)},
+            "figures": {**{p: _kernel_cell(chosen[p]) if p in chosen else "—"
+                           for p in KERNEL_PEERS},
+                        "ahead": f"{KERNEL_PEERS[lead]}, {ahead} of {len(splits)}"}})
+    if rows:
+        rows.append({**_latest(records), "settings": {"rank": len(SET_ORDER) + 1,
+                                                      "dataset": "sets led", "splits": ""},
+                     "figures": {**{p: str(leads.get(p, "")) for p in KERNEL_PEERS},
+                                 "ahead": "sets each layout leads in mean log-lik"}})
     return rows

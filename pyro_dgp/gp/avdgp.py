@@ -105,8 +105,9 @@ def avdgp_regression(
         linear means, Salimbeni and Deisenroth 2017).
     :param offset_scale: ``None`` (default: the paper's standard normal offsets ``b``, about
         ``sqrt(D_in)`` from each input) or offsets of standard deviation ``offset_scale *
-        lengthscale / sqrt(D_in)``. Neither this nor ``"pca"`` is the default: runs in
-        ``benchmarks/results/history.md``, "The amortized guide's starting scale".
+        lengthscale / sqrt(D_in)``. Not the default, nor ``"pca"``: each fits a split where
+        the paper's offsets fit nothing, but ``offset_scale=1`` overfits small sets
+        (``benchmarks/results/history.md``, "Why AR2PP fails on some splits").
     :param seed: seed of the offsets ``b`` (the global random state is left alone).
     """
     if isinstance(hidden_dims, numbers.Integral):

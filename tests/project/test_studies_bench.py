@@ -364,3 +364,36 @@ def test_atlas_goal_rows_compare_rows_over_the_stacked_rows_splits():
                                               if r["settings"]["guide"] != "stacked"])}
     assert rows["kin8nm"]["settings"]["splits"] == 3
     assert rows["kin8nm"]["figures"]["best"] == "meanfield (auto)"
+
+
+def _peer_record(dataset, peer, split, loglik, rmse=1.0, particles=True):
+    settings = {"dataset": dataset, "peer": peer, "split": split, "device": "cpu",
+                **({"particles": 10} if particles and peer != "deepgp" else {})}
+    return {"settings": settings, "figures": {"test_loglik": loglik, "rmse": rmse},
+            "command": "python benchmarks/peers.py", "date": f"2026-11-28T0{split}"}
+
+
+def test_kernel_rows_compare_the_two_layouts_over_the_splits_both_have_run():
+    records = [
+        _peer_record("boston", "ours", 0, -2.0, 2.0), _peer_record("boston", "ours", 1, -3.0),
+        _peer_record("boston", "ours-per-output", 0, -2.5, 3.0),
+        _peer_record("boston", "ours-per-output", 1, -2.0),
+        _peer_record("boston", "ours", 2, 5.0),  # a split the other layout lacks: left out
+        _peer_record("boston", "deepgp", 0, -4.0),  # not every split: no DeepGP cell
+        _peer_record("kin8nm", "ours", 0, 1.0), _peer_record("kin8nm", "ours-per-output", 0, 0.5),
+        _peer_record("kin8nm", "deepgp", 0, 1.1, 0.5),
+        # before fit's current settings (no particles): not compared
+        _peer_record("kin8nm", "ours", 1, 9.0, particles=False),
+        _peer_record("kin8nm", "ours-per-output", 1, 0.0),
+        _peer_record("power", "ours", 0, 1.0),  # one layout only: no row
+    ]
+    rows = {r["settings"]["dataset"]: r for r in studies.kernel_rows(records)}
+    assert list(rows) == ["boston", "kin8nm", "sets led"]
+    boston = rows["boston"]["figures"]
+    assert rows["boston"]["settings"]["splits"] == 2
+    assert boston["ours"] == "-2.500 / 1.5" and boston["ours-per-output"] == "-2.250 / 2"
+    assert boston["deepgp"] == "—" and boston["ahead"] == "a kernel per hidden GP, 1 of 2"
+    kin8nm = rows["kin8nm"]["figures"]
+    assert kin8nm["deepgp"] == "1.100 / 0.5" and kin8nm["ahead"] == "one kernel per layer, 1 of 1"
+    assert rows["sets led"]["figures"]["ours"] == "1"
+    assert rows["sets led"]["figures"]["ours-per-output"] == "1"
