@@ -251,6 +251,8 @@ def atlas_goal_rows(records: list[dict]) -> list[dict]:
 #: the peers of the kernel-layout table (``peers.py`` names) and their columns
 KERNEL_PEERS = {"ours": "one kernel per layer", "ours-per-output": "a kernel per hidden GP",
                 "deepgp": "GPyTorch DeepGP"}
+#: the settings every peer of one row shares (runs of other settings get rows of their own)
+_KERNEL_RUN = ("steps", "batch", "inducing", "layers", "dtype", "seed")
 
 
 def _kernel_cell(recs: list[dict]) -> str:
@@ -264,15 +266,16 @@ def kernel_rows(records: list[dict]) -> list[dict]:
     splits both of ours have run at ``fit``'s current settings (``particles`` recorded;
     GPyTorch's where it has them all), which layout is ahead in mean log-lik and on how many
     of those splits, and a last row counting the sets each layout leads."""
-    by_set: dict[str, dict[str, dict[int, dict]]] = {}
+    by_set: dict[tuple, dict[str, dict[int, dict]]] = {}
     for rec in records:
         s = rec["settings"]
         if s.get("peer") not in KERNEL_PEERS or (s["peer"] != "deepgp" and "particles" not in s):
             continue
-        by_set.setdefault(s["dataset"], {}).setdefault(s["peer"], {})[s["split"]] = rec
+        key = (s["dataset"], *(s.get(k) for k in _KERNEL_RUN))
+        by_set.setdefault(key, {}).setdefault(s["peer"], {})[s["split"]] = rec
     rows, leads = [], {"ours": 0, "ours-per-output": 0}
-    for dataset in sorted(by_set, key=_rank):
-        peers = by_set[dataset]
+    for key in sorted(by_set, key=lambda k: (_rank(k[0]), str(k))):
+        (dataset, *run), peers = key, by_set[key]
         splits = sorted(set(peers.get("ours", {})) & set(peers.get("ours-per-output", {})))
         if not splits:
             continue
@@ -280,17 +283,21 @@ def kernel_rows(records: list[dict]) -> list[dict]:
                   if set(splits) <= set(peers.get(p, {}))}
         ll = {p: [r["figures"]["test_loglik"] for r in chosen[p]] for p in leads}
         lead = max(leads, key=lambda p: sum(ll[p]))
+        other = "ours" if lead == "ours-per-output" else "ours-per-output"
         leads[lead] += 1
-        ahead = sum(a > b for a, b in zip(ll[lead], ll[next(p for p in leads if p != lead)],
-                                          strict=True))
+        ahead = sum(a > b for a, b in zip(ll[lead], ll[other], strict=True))
         rows.append({**_latest(chosen["ours"] + chosen["ours-per-output"]), "settings": {
-            "rank": _rank(dataset), "dataset": dataset, "splits": len(splits)},
+            "rank": _rank(dataset), "dataset": dataset, "splits": len(splits),
+            **dict(zip(_KERNEL_RUN, run, strict=True))},
             "figures": {**{p: _kernel_cell(chosen[p]) if p in chosen else "—"
                            for p in KERNEL_PEERS},
                         "ahead": f"{KERNEL_PEERS[lead]}, {ahead} of {len(splits)}"}})
     if rows:
+        shared = {k: rows[0]["settings"][k] for k in _KERNEL_RUN
+                  if len({r["settings"][k] for r in rows}) == 1}
         rows.append({**_latest(records), "settings": {"rank": len(SET_ORDER) + 1,
-                                                      "dataset": "sets led", "splits": ""},
+                                                      "dataset": "sets led", "splits": "",
+                                                      **shared},
                      "figures": {**{p: str(leads.get(p, "")) for p in KERNEL_PEERS},
                                  "ahead": "sets each layout leads in mean log-lik"}})
     return rows

@@ -366,9 +366,9 @@ def test_atlas_goal_rows_compare_rows_over_the_stacked_rows_splits():
     assert rows["kin8nm"]["figures"]["best"] == "meanfield (auto)"
 
 
-def _peer_record(dataset, peer, split, loglik, rmse=1.0, particles=True):
+def _peer_record(dataset, peer, split, loglik, rmse=1.0, particles=True, steps=3000):
     settings = {"dataset": dataset, "peer": peer, "split": split, "device": "cpu",
-                **({"particles": 10} if particles and peer != "deepgp" else {})}
+                "steps": steps, **({"particles": 10} if particles and peer != "deepgp" else {})}
     return {"settings": settings, "figures": {"test_loglik": loglik, "rmse": rmse},
             "command": "python benchmarks/peers.py", "date": f"2026-11-28T0{split}"}
 
@@ -397,3 +397,14 @@ def test_kernel_rows_compare_the_two_layouts_over_the_splits_both_have_run():
     assert kin8nm["deepgp"] == "1.100 / 0.5" and kin8nm["ahead"] == "one kernel per layer, 1 of 1"
     assert rows["sets led"]["figures"]["ours"] == "1"
     assert rows["sets led"]["figures"]["ours-per-output"] == "1"
+    assert rows["sets led"]["settings"]["steps"] == 3000
+
+
+def test_kernel_rows_keep_runs_of_other_settings_apart():
+    records = [_peer_record("boston", "ours", 0, -2.0),
+               _peer_record("boston", "ours-per-output", 0, -2.5),
+               _peer_record("boston", "ours", 0, -1.0, steps=10_000),
+               _peer_record("boston", "ours-per-output", 0, -0.5, steps=10_000)]
+    rows = [r for r in studies.kernel_rows(records) if r["settings"]["dataset"] == "boston"]
+    cells = {r["settings"]["steps"]: r["figures"]["ours"] for r in rows}
+    assert cells == {3000: "-2.000 / 1", 10_000: "-1.000 / 1"}
