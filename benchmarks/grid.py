@@ -79,8 +79,9 @@ def add_common(p: argparse.ArgumentParser, datasets: list[str], splits: list[int
                    help="per-run side files (benchmarks/pointwise.py)")
     p.add_argument("--max-seconds", type=float, default=240.0,
                    help="skip the rest of a set (this invocation) after a run slower than this")
-    p.add_argument("--stop-at", default=None, metavar="HH:MM",
-                   help="start no run after this UTC time")
+    p.add_argument("--stop-at", default=None, metavar="HH:MM", type=deadline,
+                   help="start no run after this UTC time (its next occurrence: 01:00 given "
+                   "at 22:50 is tomorrow's)")
     p.add_argument("--summary-only", action="store_true", help="run nothing; record summaries")
     p.add_argument("--validation", type=float, default=None, metavar="F",
                    help="uci.py --validation: hold out F of each training split (stacking "
@@ -112,12 +113,19 @@ def find(records: list[dict], run: Run, args) -> dict | None:
     return None
 
 
-def _past(stop_at: str | None) -> bool:
-    if not stop_at:
-        return False
-    now = dt.datetime.now(dt.UTC)
-    hh, mm = (int(t) for t in stop_at.split(":"))
-    return (now.hour, now.minute) >= (hh, mm)
+def deadline(hh_mm: str, now: dt.datetime | None = None) -> dt.datetime:
+    """The next UTC time ``hh_mm`` after ``now`` (a time of day already past is tomorrow's)."""
+    now = dt.datetime.now(dt.UTC) if now is None else now
+    try:
+        hh, mm = (int(t) for t in hh_mm.split(":"))
+        at = now.replace(hour=hh, minute=mm, second=0, microsecond=0)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"--stop-at wants HH:MM (UTC), got {hh_mm!r}") from err
+    return at if at > now else at + dt.timedelta(days=1)
+
+
+def _past(stop_at: dt.datetime | None) -> bool:
+    return stop_at is not None and dt.datetime.now(dt.UTC) >= stop_at
 
 
 def run_grid(runs: list[Run], args, on_finished=None, slow: set[str] | None = None) -> list[Run]:

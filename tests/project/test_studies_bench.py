@@ -2,6 +2,8 @@
 ``benchmarks/guides.py``): stacking runs from their side files, the choices, the report's
 pivot of objectives."""
 
+import argparse
+import datetime as dt
 import math
 from types import SimpleNamespace
 
@@ -93,6 +95,15 @@ def test_objective_tokens_map_to_the_harness():
     with pytest.raises(ValueError, match="alpha objective's draws"):
         grid.objective_argv("alpha=1,P=5")
     assert grid.objective_label("auto,P=10") == "auto"
+
+
+def test_stop_at_is_the_next_occurrence_of_that_time_of_day():
+    evening = dt.datetime(2026, 11, 28, 22, 50, tzinfo=dt.UTC)
+    assert grid.deadline("23:30", evening) == evening.replace(hour=23, minute=30)
+    assert grid.deadline("01:00", evening) == dt.datetime(2026, 11, 29, 1, 0, tzinfo=dt.UTC)
+    assert grid.deadline("22:50", evening) == dt.datetime(2026, 11, 29, 22, 50, tzinfo=dt.UTC)
+    with pytest.raises(argparse.ArgumentTypeError, match="HH:MM"):
+        grid.deadline("1am", evening)
 
 
 def _defaults_record(dataset, objective, loglik, rmse, splits=1, date="2026-11-28"):
