@@ -64,6 +64,11 @@ def gaussian_kl_to_layer_prior(layers, mean, R, d=None, logdet_S=None) -> torch.
     """
     T = mean.shape[-1]
     total = -T - (logdet_S if logdet_S is not None else logdet_low_rank(R, d))
+    # every block whitened: sum_b tr(S_bb) = |R|_F^2 (+ sum d) in one pass, where per-block
+    # row slices of a T x T factor would each cost a T x T zero-filled gradient
+    all_whitened = all(layer.whiten for layer in layers)
+    if all_whitened:
+        total = total + (R * R).sum() + (0.0 if d is None else d.sum())
     offset = 0
     for layer in layers:
         D, M = layer.output_dim, layer.num_inducing
@@ -74,9 +79,9 @@ def gaussian_kl_to_layer_prior(layers, mean, R, d=None, logdet_S=None) -> torch.
         Rb = R[offset : offset + n].reshape(D, M, R.shape[-1])
         db = None if d is None else d[offset : offset + n].reshape(D, M)
         if layer.whiten:
-            total = total + (Rb * Rb).sum() + (m * m).sum()
-            if db is not None:
-                total = total + db.sum()
+            total = total + (m * m).sum()
+            if not all_whitened:
+                total = total + (Rb * Rb).sum() + (0.0 if db is None else db.sum())
         else:
             Lk = layer.kzz_cholesky()  # (M, M) shared by the outputs, or (D, M, M) one each
             LiR = torch.linalg.solve_triangular(Lk, Rb, upper=False)

@@ -149,14 +149,18 @@ class JointGaussian(LayerGuide):
                 "§4.2) or a completed autoguide for that model."
             )
 
-    def _preconditioner(self, like: torch.Tensor, site: LayerSite | None = None):
-        """:func:`block_preconditioner` of the joint factor (or of ``site``'s block)."""
+    def _preconditioner(self, like: torch.Tensor, site: LayerSite | None = None,
+                        strict: bool = False):
+        """:func:`block_preconditioner` of the joint factor (or of ``site``'s block); with
+        ``strict``, its strictly lower part (what
+        :func:`~pyro_dgp.guides.params.preconditioned_cholesky` takes)."""
         sites = self.layer_sites if site is None else [site]
-        key = (None if site is None else site.name, like.dtype, like.device)
+        key = (None if site is None else site.name, like.dtype, like.device, strict)
         cache = self.__dict__.setdefault("_preconditioners", {})
         if key not in cache:
-            cache[key] = block_preconditioner([s.shape[-1] for s in sites for _ in
-                                               range(s.shape[0])], like)
+            scale = block_preconditioner([s.shape[-1] for s in sites for _ in
+                                          range(s.shape[0])], like)
+            cache[key] = scale.tril(-1) if strict else scale
         return cache[key]
 
     def _offsets(self) -> list[int]:

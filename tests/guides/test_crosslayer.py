@@ -8,7 +8,7 @@ import pytest
 import torch
 from pyro import poutine
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
-from torch.distributions import MultivariateNormal, kl_divergence
+from torch.distributions import MultivariateNormal, constraints, kl_divergence
 
 import pyro_dgp as dgp
 from pyro_dgp.guides import Chain, Coupled
@@ -313,9 +313,11 @@ def test_joint_guides_start_at_meanfields_q(Guide, whiten):
 
 
 def test_block_preconditioner_keeps_within_block_entries_and_scales_cross_blocks():
-    from pyro_dgp.guides.params import block_preconditioner
-    from pyro_dgp.guides.params import preconditioned_tril as _preconditioned_tril
-    from pyro_dgp.guides.params import raw_tril as _raw_tril
+    from pyro_dgp.guides.params import (
+        block_preconditioner,
+        preconditioned_cholesky,
+        unconstrained_tril,
+    )
 
     like = torch.zeros((), dtype=DT)
     scale = block_preconditioner([2, 2, 3], like)
@@ -325,11 +327,18 @@ def test_block_preconditioner_keeps_within_block_entries_and_scales_cross_blocks
     assert torch.allclose(scale[2:4, :2], torch.full((2, 2), 7**-0.5, dtype=DT))
     assert torch.allclose(scale[4:, :4], torch.full((3, 4), 7**-0.5, dtype=DT))
     assert torch.equal(block_preconditioner([5], like), torch.ones(5, 5, dtype=DT))
-    raw = torch.randn(7, 7, dtype=DT).tril()
-    L = _preconditioned_tril(raw, scale)
-    torch.testing.assert_close(L.diagonal(), raw.diagonal(), rtol=0, atol=0)
-    assert torch.equal(L.triu(1), torch.zeros(7, 7, dtype=DT))
-    torch.testing.assert_close(_raw_tril(L, scale), raw, rtol=1e-15, atol=0)
+    raw = torch.randn(7, 7, dtype=DT)  # the entries above the diagonal are unused
+    L, logdet = preconditioned_cholesky(raw, scale.tril(-1))
+    # known answer: torch's lower-Cholesky transform, then the scales; log det from diag L
+    expected = torch.distributions.transform_to(constraints.lower_cholesky)(raw) * scale
+    torch.testing.assert_close(L, expected, rtol=0, atol=0)
+    torch.testing.assert_close(logdet, 2 * L.diagonal().log().sum(), rtol=1e-15, atol=0)
+    torch.testing.assert_close(unconstrained_tril(L, scale), raw.tril(), rtol=1e-15,
+                               atol=1e-15)
+    # its hand-written backward, of both outputs and batched, against finite differences
+    batch = torch.randn(2, 7, 7, dtype=DT, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda r: preconditioned_cholesky(r, scale.tril(-1).expand(2, 7, 7)), (batch,))
     # a joint guide's per-layer blocks are parameterised as MeanField's: one unit of a raw
     # within-block entry is one unit of the factor
     model, X, y = _model()

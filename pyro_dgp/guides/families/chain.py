@@ -13,7 +13,7 @@ from pyro.nn import PyroModule, PyroParam
 
 from ...gp.conditional import solve_triangular
 from ..joint import JointGaussian
-from ..params import copy_into, deep_getattr, preconditioned_tril, raw_tril
+from ..params import copy_into, deep_getattr, preconditioned_cholesky, unconstrained_tril
 from ..prototype import LayerSite
 from ..registry import register_guide
 
@@ -58,16 +58,20 @@ class Chain(JointGaussian):
             deep_setattr(self.locs, site.name, PyroParam(site.layer.initial_u_loc().reshape(n)))
             tril = torch.block_diag(*blk)
             deep_setattr(self.scale_trils, site.name,
-                         PyroParam(raw_tril(tril, self._preconditioner(tril, site)),
-                                   constraints.lower_cholesky))
+                         PyroParam(unconstrained_tril(tril, self._preconditioner(tril, site)),
+                                   constraints.real))  # _scale maps it to L_l
             if site.index > 0:
                 prev = sites[site.index - 1].shape.numel()
                 deep_setattr(self.couplings, site.name, PyroParam(blk.new_zeros(n, prev)))
 
     def _scale(self, site: LayerSite) -> torch.Tensor:
         """``L_l (n_l, n_l)``, the Cholesky factor of ``Cov q(u^l | u^{l-1})``."""
+        return self._scale_and_logdet(site)[0]
+
+    def _scale_and_logdet(self, site: LayerSite) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(L_l, log det L_l L_l^T)``."""
         raw = deep_getattr(self.scale_trils, site.name)
-        return preconditioned_tril(raw, self._preconditioner(raw, site))
+        return preconditioned_cholesky(raw, self._preconditioner(raw, site, strict=True))
 
     def _coupling(self, site: LayerSite) -> torch.Tensor:
         """``C_l = B_l L_{l-1}`` ``(n_l, n_{l-1})``, the stored coupling (see
@@ -114,8 +118,8 @@ class Chain(JointGaussian):
         """
         copy_into(self.locs, site.name, loc, constraints.real)
         copy_into(self.scale_trils, site.name,
-                   raw_tril(scale_tril, self._preconditioner(scale_tril, site)),
-                   constraints.lower_cholesky)
+                   unconstrained_tril(scale_tril, self._preconditioner(scale_tril, site)),
+                   constraints.real)
         if coupling is not None:
             with torch.no_grad():  # stored as C = B L_{l-1} (see block_params)
                 below = self._scale(self.layer_sites[site.index - 1])
@@ -166,7 +170,7 @@ class Chain(JointGaussian):
         T = self.dim
         offset, W = 0, None  # W (n_{l-1}, T): w_{l-1} = W e
         for site in self.layer_sites:
-            m, L = deep_getattr(self.locs, site.name), self._scale(site)
+            m, (L, logdet_l) = deep_getattr(self.locs, site.name), self._scale_and_logdet(site)
             n = m.shape[-1]
             block = slice(offset, offset + n)
             # out of place throughout: the triangular solve's output is saved for backward
@@ -180,7 +184,7 @@ class Chain(JointGaussian):
             row = F.pad(L, place) if coupled is None else coupled + F.pad(L, place)
             means.append(m)
             rows.append(row)
-            logdet = logdet + 2 * L.diagonal().log().sum()
+            logdet = logdet + logdet_l
             offset, W = offset + n, W_next
         return torch.cat(means), torch.cat(rows), None, logdet
 

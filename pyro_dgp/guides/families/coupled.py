@@ -13,7 +13,7 @@ from ...constraints import positive
 from ...validation import check_positive_int
 from ..blocks import GaussianBlocks
 from ..joint import JointGaussian
-from ..params import copy_into, preconditioned_tril, raw_tril
+from ..params import copy_into, preconditioned_cholesky, unconstrained_tril
 from ..registry import register_guide
 
 __all__ = ["Coupled"]
@@ -51,11 +51,11 @@ class Coupled(GaussianBlocks, JointGaussian):
         T = self.dim
         self.loc = PyroParam(torch.cat([s.layer.initial_u_loc().reshape(-1) for s in sites]))
         if self.rank is None:
-            # stored raw: factor() applies _preconditioned_tril to it
+            # stored unconstrained: factor() maps it to the factor (preconditioned_cholesky)
             self.scale_tril = PyroParam(
-                raw_tril(torch.block_diag(*[b for blk in blocks for b in blk]),
-                          self._preconditioner(ref)),
-                constraints.lower_cholesky)
+                unconstrained_tril(torch.block_diag(*[b for blk in blocks for b in blk]),
+                                   self._preconditioner(ref)),
+                constraints.real)
         else:
             var = torch.cat([(blk * blk).sum(-1).reshape(-1) for blk in blocks])
             g = torch.Generator(device="cpu").manual_seed(0)
@@ -70,8 +70,9 @@ class Coupled(GaussianBlocks, JointGaussian):
             loc, L = block
             return loc, L, None, 2 * L.diagonal().log().sum()
         if self.rank is None:
-            L = preconditioned_tril(self.scale_tril, self._preconditioner(self.scale_tril))
-            return self.loc, L, None, 2 * L.diagonal().log().sum()
+            raw = self.scale_tril
+            L, logdet = preconditioned_cholesky(raw, self._preconditioner(raw, strict=True))
+            return self.loc, L, None, logdet
         W = self.cov_factor / math.sqrt(self.cov_factor.shape[0])  # a row of W moves ~lr
         return self.loc, W, self.cov_diag, None
 
@@ -124,5 +125,6 @@ class Coupled(GaussianBlocks, JointGaussian):
         if self.rank is not None:
             raise ValueError("set_joint needs a full-rank Coupled guide (rank=None)")
         copy_into(self, "loc", loc, constraints.real)
-        copy_into(self, "scale_tril", raw_tril(scale_tril, self._preconditioner(scale_tril)),
-                   constraints.lower_cholesky)
+        copy_into(self, "scale_tril",
+                  unconstrained_tril(scale_tril, self._preconditioner(scale_tril)),
+                  constraints.real)
