@@ -36,8 +36,10 @@ class Coupled(GaussianBlocks, JointGaussian):
     Estimator (module docstring): ``u^1..u^{L-1}`` drawn jointly (the sampled-u
     estimator of Ustyuzhaninov et al. 2020, unbiased for any q), each ``f^l`` from the model's
     conditional given ``u^l`` and
-    ``f^{l-1}``; ``u^L`` collapsed given the other noise of the draw. Cost O(T^3) (full) or
-    O(T r^2) (low rank) per step, T = sum_l D_l M_l.
+    ``f^{l-1}``; ``u^L`` collapsed given the other noise of the draw. Cost per step, with
+    T = sum_l D_l M_l: full rank O(T^2) for the factor and the KL plus O(T^2) per draw (no
+    T x T factorisation: the Cholesky factor is the parameter); low rank O(T r^2) plus
+    O(T r) per draw. Per-point draws take N draws a step.
     """
 
     def __init__(self, model, rank: int | None = None, inner_variance: float = 1e-5,
