@@ -63,8 +63,9 @@ class _PreconditionedCholesky(torch.autograd.Function):
     Written by hand because the composition of torch's ``LowerCholeskyTransform``, the
     preconditioner's product and a log-determinant through ``L.diagonal()`` allocates about
     five ``n x n`` temporaries forward and as many backward (``tril``, ``diag_embed``, the sum,
-    the product, the zero-filled gradient of each ``diagonal``); for Coupled's joint factor
-    (``n = T``, 1,400 on boston) those passes were most of the step."""
+    the product, the zero-filled gradient of each ``diagonal``); on Coupled's ``T x T`` joint
+    factor those passes outweighed the step's matrix products
+    (``benchmarks/results/history.md``, "The joint guides' factor in one pass")."""
 
     @staticmethod
     def forward(ctx, raw, strict):

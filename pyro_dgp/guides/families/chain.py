@@ -69,7 +69,7 @@ class Chain(JointGaussian):
         return self._scale_and_logdet(site)[0]
 
     def _scale_and_logdet(self, site: LayerSite) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(L_l, log det L_l L_l^T)``."""
+        """``(L_l (n_l, n_l), log det L_l L_l^T ())``."""
         raw = deep_getattr(self.scale_trils, site.name)
         return preconditioned_cholesky(raw, self._preconditioner(raw, site, strict=True))
 
