@@ -13,8 +13,8 @@ from pyro.distributions.util import broadcast_shape
 
 from ..likelihoods.marginal import SourceGaussian, record_source
 
-__all__ = ["FunctionMarginal", "FunctionPath", "LayerConditional", "WhitenedPrior",
-           "drop_data_dim", "masked_out"]
+__all__ = ["CholeskyMVN", "FunctionMarginal", "FunctionPath", "LayerConditional",
+           "WhitenedPrior", "drop_data_dim", "masked_out"]
 
 
 def drop_data_dim(u: torch.Tensor) -> torch.Tensor:
@@ -32,6 +32,45 @@ def drop_data_dim(u: torch.Tensor) -> torch.Tensor:
             "position (-1); plates around a GP layer must use dims <= -2"
         )
     return u.squeeze(-3)
+
+
+class CholeskyMVN(dist.MultivariateNormal):
+    """``N(loc, L L^T)`` given by its lower Cholesky factor ``L``, with ``log det L L^T``
+    where the caller has it (:ivar log_det_cov: ``(*b,)`` or ``None``): a factor stored
+    unconstrained yields it from the log-diagonal it stores
+    (:func:`~pyro_dgp.guides.params.preconditioned_cholesky`), and taking it again from
+    ``L.diagonal()`` would cost a zero-filled ``(*b, M, M)`` gradient per step. The KL to
+    :class:`WhitenedPrior` reads it.
+
+    :param loc: ``(*b, M)``; :param scale_tril: ``(*b, M, M)`` (batch dims broadcast).
+    """
+
+    def __init__(self, loc: torch.Tensor, scale_tril: torch.Tensor,
+                 log_det_cov: torch.Tensor | None = None, validate_args=None):
+        self.log_det_cov = log_det_cov
+        if loc.dim() == 0 or scale_tril.shape != loc.shape + loc.shape[-1:]:
+            super().__init__(loc, scale_tril=scale_tril, validate_args=validate_args)
+            return
+        # loc (*b, M) and scale_tril (*b, M, M) already agree (q(u) of a layer): the state
+        # torch's constructor builds, without its Python broadcast of the shapes and without
+        # its expanded views (equal to the tensors; each an autograd node)
+        self.scale_tril, self.loc = scale_tril, loc
+        super(torch.distributions.MultivariateNormal, self).__init__(
+            loc.shape[:-1], loc.shape[-1:], validate_args=validate_args)
+        self._unbroadcasted_scale_tril = scale_tril
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(CholeskyMVN, _instance)
+        new = super().expand(batch_shape, _instance=new)
+        new.log_det_cov = (None if self.log_det_cov is None
+                           else self.log_det_cov.expand(batch_shape))
+        return new
+
+    def half_log_det(self) -> torch.Tensor:
+        """``sum log diag L (*b,)``, half of ``log det L L^T``."""
+        if self.log_det_cov is not None:
+            return 0.5 * self.log_det_cov
+        return self._unbroadcasted_scale_tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
 
 
 class WhitenedPrior(dist.Independent):

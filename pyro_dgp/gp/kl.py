@@ -12,7 +12,7 @@ from pyro.distributions.kl import _kl_independent_independent
 from torch.distributions import register_kl
 
 from ..linalg import CholeskyError, capturing, nan_where_failed
-from .distributions import WhitenedPrior
+from .distributions import CholeskyMVN, WhitenedPrior
 
 __all__ = ["gaussian_kl_to_layer_prior", "layer_gaussian_kl", "logdet_low_rank",
            "standard_normal_kl", "triangular_of_rows"]
@@ -29,7 +29,8 @@ def _kl_to_whitened_prior(p, q):
         or p.event_shape != q.event_shape
     ):
         return _kl_independent_independent(p, q)
-    kl = standard_normal_kl(base.loc, base._unbroadcasted_scale_tril)
+    kl = standard_normal_kl(base.loc, base._unbroadcasted_scale_tril,
+                            base.half_log_det() if isinstance(base, CholeskyMVN) else None)
     kl = _expanded(kl, base.batch_shape).sum(-1)
     if p.batch_shape == q.batch_shape:
         return _expanded(kl, p.batch_shape)
@@ -42,12 +43,15 @@ def _expanded(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return t if t.shape == shape else t.expand(shape)
 
 
-def standard_normal_kl(loc: torch.Tensor, scale_tril: torch.Tensor) -> torch.Tensor:
+def standard_normal_kl(loc: torch.Tensor, scale_tril: torch.Tensor,
+                       half_log_det: torch.Tensor | None = None) -> torch.Tensor:
     """``KL(N(m, L L^T) || N(0, I))`` of each row ``m``: ``0.5 (|L|_F^2 + |m|^2 - M) -
     sum log diag L``, for ``loc (..., M)`` and ``scale_tril (..., M, M)`` (batch dims
-    broadcast); returns ``(...)``."""
+    broadcast), with ``half_log_det = sum log diag L (...)`` if known; returns ``(...)``."""
     kl = 0.5 * (scale_tril.square().sum((-2, -1)) + loc.square().sum(-1) - loc.shape[-1])
-    return kl - scale_tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+    if half_log_det is None:
+        half_log_det = scale_tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+    return kl - half_log_det
 
 
 def gaussian_kl_to_layer_prior(layers, mean, R, d=None, logdet_S=None) -> torch.Tensor:

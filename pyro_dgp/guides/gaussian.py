@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import pyro.distributions as dist
 import torch
 
+from ..gp.distributions import CholeskyMVN
 from ..gp.kl import triangular_of_rows
 from .prototype import LayerSite
 
@@ -127,7 +128,7 @@ def unit_tril_solve(T: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return _apply_folded(solve, T, v)
 
 
-class _OwnDrawMVN(dist.MultivariateNormal):
+class _OwnDrawMVN(CholeskyMVN):
     """A multivariate normal that scores its latest draw ``x = loc + L e`` from ``e``.
 
     ``log q(x) = -|e|^2 / 2 - sum log diag L - M log(2 pi) / 2``, the same function of the
@@ -138,18 +139,6 @@ class _OwnDrawMVN(dist.MultivariateNormal):
     breaking Trace_ELBO, RenyiELBO and the importance weights of
     :func:`~pyro_dgp.variational_pareto_k`. Any other value is scored by the general formula.
     """
-
-    def __init__(self, loc: torch.Tensor, scale_tril: torch.Tensor, validate_args=None):
-        if loc.dim() == 0 or scale_tril.shape != loc.shape + loc.shape[-1:]:
-            super().__init__(loc, scale_tril=scale_tril, validate_args=validate_args)
-            return
-        # loc (*b, M) and scale_tril (*b, M, M) already agree (q(u) of a layer): the state
-        # torch's constructor builds, without its Python broadcast of the shapes and without
-        # its expanded views (equal to the tensors; each an autograd node)
-        self.scale_tril, self.loc = scale_tril, loc
-        super(torch.distributions.MultivariateNormal, self).__init__(
-            loc.shape[:-1], loc.shape[-1:], validate_args=validate_args)
-        self._unbroadcasted_scale_tril = scale_tril
 
     def expand(self, batch_shape, _instance=None):
         new = self._get_checked_instance(_OwnDrawMVN, _instance)
@@ -166,10 +155,11 @@ class _OwnDrawMVN(dist.MultivariateNormal):
         own = self.__dict__.get("_own_draw")
         if own is None or value is not own[0]:
             return super().log_prob(value)
-        log_det = 2 * self._unbroadcasted_scale_tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
-        return log_density_of_noise(own[1], log_det)
+        return log_density_of_noise(own[1], 2 * self.half_log_det())
 
 
-def mvn_site(loc: torch.Tensor, scale_tril: torch.Tensor) -> dist.Distribution:
-    """``q(u)`` with event shape ``(D, M)``: independent MVNs per output row."""
-    return _OwnDrawMVN(loc, scale_tril=scale_tril).to_event(1)
+def mvn_site(loc: torch.Tensor, scale_tril: torch.Tensor,
+             log_det_cov: torch.Tensor | None = None) -> dist.Distribution:
+    """``q(u)`` with event shape ``(D, M)``: independent MVNs per output row; ``loc (D, M)``,
+    ``scale_tril (D, M, M)``, ``log_det_cov (D,)`` each row's ``log det L L^T`` if known."""
+    return _OwnDrawMVN(loc, scale_tril, log_det_cov).to_event(1)

@@ -70,7 +70,7 @@ class _PreconditionedCholesky(torch.autograd.Function):
     @staticmethod
     def forward(ctx, raw, strict):
         diag = raw.diagonal(dim1=-2, dim2=-1).exp()
-        L = raw * strict
+        L = raw.tril(-1) if strict is None else raw * strict
         L.diagonal(dim1=-2, dim2=-1).copy_(diag)
         ctx.save_for_backward(strict, diag)
         return L, 2 * raw.diagonal(dim1=-2, dim2=-1).sum(-1)
@@ -78,23 +78,25 @@ class _PreconditionedCholesky(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_L, grad_logdet):
         strict, diag = ctx.saved_tensors
-        grad = grad_L * strict
+        grad = grad_L.tril(-1) if strict is None else grad_L * strict
         grad.diagonal(dim1=-2, dim2=-1).copy_(
             grad_L.diagonal(dim1=-2, dim2=-1) * diag + 2 * grad_logdet.unsqueeze(-1))
         return grad, None
 
 
-def preconditioned_cholesky(raw: torch.Tensor, strict: torch.Tensor):
+def preconditioned_cholesky(raw: torch.Tensor, strict: torch.Tensor | None = None):
     """The lower Cholesky factor stored unconstrained in ``raw (..., n, n)`` and its
     ``log det L L^T (...)``: ``L = diag(exp(diag raw)) + tril(raw, -1) * scale``, with
     ``strict = tril(scale, -1)`` the strictly lower part of :func:`block_preconditioner`'s
-    scales (the diagonal's scale is 1). Entries of ``raw`` above the diagonal are unused."""
+    scales (the diagonal's scale is 1), or ``None`` for unit scales (then ``L`` is torch's
+    ``LowerCholeskyTransform`` of ``raw``). Entries of ``raw`` above the diagonal are unused."""
     return _PreconditionedCholesky.apply(raw, strict)
 
 
-def unconstrained_tril(L: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def unconstrained_tril(L: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
     """Inverse of :func:`preconditioned_cholesky`: the ``raw`` that gives the lower-triangular
-    ``L`` (positive diagonal) under the preconditioner's ``scale`` (full, not strict)."""
-    raw = L.tril(-1) / scale
+    ``L`` (positive diagonal) under the preconditioner's ``scale`` (full, not strict; ``None``
+    for unit scales)."""
+    raw = L.tril(-1) if scale is None else L.tril(-1) / scale
     raw.diagonal(dim1=-2, dim2=-1).copy_(L.diagonal(dim1=-2, dim2=-1).log())
     return raw

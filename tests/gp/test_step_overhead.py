@@ -113,3 +113,33 @@ def test_a_guides_traces_wrap_no_function_metadata(monkeypatch):
     guide_trace, model_trace = guide.traces(X, y)
     assert not calls
     assert {"layer1.u", "layer2.f"} <= set(guide_trace.nodes) and "y" in model_trace.nodes
+
+
+def test_the_kl_takes_a_known_log_determinant_instead_of_the_factors_diagonal(monkeypatch):
+    """A factor stored unconstrained comes with its log-determinant; the KL to the whitened
+    prior uses it (the same value) and reads no ``diagonal`` of the factor, whose gradient
+    would be a zero-filled ``(D, M, M)`` tensor per step."""
+    from pyro_dgp.gp.distributions import CholeskyMVN
+    from pyro_dgp.guides.params import preconditioned_cholesky
+
+    raw = 0.3 * torch.randn(3, 5, 5, dtype=torch.float64)
+    loc = torch.randn(3, 5, dtype=torch.float64)
+    L, log_det = preconditioned_cholesky(raw)
+    known, plain = mvn_site(loc, L, log_det), mvn_site(loc, L)
+    prior = WhitenedPrior(3, 5, dtype=torch.float64)
+    expected = torch.distributions.kl_divergence(
+        dist.MultivariateNormal(loc, scale_tril=L), dist.MultivariateNormal(
+            torch.zeros_like(loc), scale_tril=torch.eye(5, dtype=torch.float64))).sum()
+    calls = _count_calls(monkeypatch, torch.Tensor, "diagonal")
+    kl_known = torch.distributions.kl_divergence(known, prior)
+    assert not calls
+    torch.testing.assert_close(kl_known, expected, rtol=1e-12, atol=0)
+    torch.testing.assert_close(torch.distributions.kl_divergence(plain, prior), kl_known,
+                               rtol=1e-14, atol=0)
+    assert calls  # without it, the diagonal is read
+    # scoring its own draw uses the same log-determinant; Pyro's plates keep it
+    x = known.rsample()
+    torch.testing.assert_close(known.log_prob(x), plain.log_prob(x), rtol=1e-12, atol=0)
+    wide = known.base_dist.expand((2, 3))
+    assert isinstance(wide, CholeskyMVN) and wide.log_det_cov.shape == (2, 3)
+    torch.testing.assert_close(wide.half_log_det()[1], 0.5 * log_det, rtol=0, atol=0)

@@ -339,6 +339,13 @@ def test_block_preconditioner_keeps_within_block_entries_and_scales_cross_blocks
     batch = torch.randn(2, 7, 7, dtype=DT, requires_grad=True)
     assert torch.autograd.gradcheck(
         lambda r: preconditioned_cholesky(r, scale.tril(-1).expand(2, 7, 7)), (batch,))
+    # unit scales (MeanField's factors): exactly torch's transform and its inverse
+    L1, logdet1 = preconditioned_cholesky(raw)
+    lower = torch.distributions.transform_to(constraints.lower_cholesky)
+    torch.testing.assert_close(L1, lower(raw), rtol=0, atol=0)
+    torch.testing.assert_close(logdet1, 2 * L1.diagonal().log().sum(), rtol=1e-15, atol=0)
+    torch.testing.assert_close(unconstrained_tril(L1), lower.inv(L1), rtol=0, atol=0)
+    assert torch.autograd.gradcheck(preconditioned_cholesky, (batch,))
     # a joint guide's per-layer blocks are parameterised as MeanField's: one unit of a raw
     # within-block entry is one unit of the factor
     model, X, y = _model()

@@ -386,3 +386,27 @@ def test_chain_with_three_layers_trains_from_its_default_start():
     assert torch.isfinite(losses).all()
     assert losses[-3:].mean() < losses[:3].mean()
     assert losses.max() < 2 * losses[0]
+
+
+def test_meanfield_stores_what_the_lower_cholesky_transform_stored(step_data):
+    """MeanField maps its stored factor itself (one pass, with the log-determinant): the stored
+    tensor is still torch's ``LowerCholeskyTransform`` inverse of the factor, so a checkpoint
+    or saved fit written under the constraint loads to the same ``q(u)``, bit for bit."""
+    from torch.distributions import constraints, transform_to
+
+    X, y = step_data[:2]
+    model = dgp.DeepGP.regression(X, y, num_layers=2, hidden_dim=2, num_inducing=5)
+    guide = dgp.guides.MeanField(model)
+    guide(X, y)
+    lower = transform_to(constraints.lower_cholesky)
+    g = torch.Generator().manual_seed(3)
+    for site in guide.layer_sites:
+        D, M = site.shape
+        tril = torch.randn(D, M, M, generator=g, dtype=X.dtype).tril()
+        tril.diagonal(dim1=-2, dim2=-1).copy_(torch.rand(D, M, generator=g, dtype=X.dtype) + 0.5)
+        loc = torch.randn(D, M, generator=g, dtype=X.dtype)
+        guide.set_q_params(site.name, loc, tril)
+        layer, leaf = site.name.split(".")
+        stored = getattr(getattr(guide.scale_trils, layer), leaf + "_unconstrained")
+        torch.testing.assert_close(stored, lower.inv(tril), rtol=0, atol=0)
+        torch.testing.assert_close(guide.q_params(site)[1], lower(stored), rtol=0, atol=0)

@@ -15,7 +15,7 @@ from .. import estimators
 from ..base import GuideRun, LayerGuide
 from ..blocks import GaussianBlocks
 from ..gaussian import LayerGaussian, initial_scale_tril, mvn_site
-from ..params import copy_into, deep_getattr
+from ..params import copy_into, deep_getattr, preconditioned_cholesky, unconstrained_tril
 from ..prototype import LayerSite
 from ..registry import register_guide
 
@@ -25,8 +25,8 @@ __all__ = ["MeanField"]
 @dataclass
 class MeanFieldRun(GuideRun):
     """One run of :class:`MeanField`: ``q(u)`` as read at its ``.u`` sites (reused by its
-    ``.f`` sites: each read is two ``pyro.param`` statements and a lower-Cholesky transform),
-    and per-point draws ``(..., N, D, M)`` of ``u`` by layer index."""
+    ``.f`` sites: each read is two ``pyro.param`` statements and the map from the stored
+    factor), and per-point draws ``(..., N, D, M)`` of ``u`` by layer index."""
 
     q: dict = field(default_factory=dict)
     point_u: dict = field(default_factory=dict)
@@ -152,17 +152,19 @@ class MeanField(GaussianBlocks, LayerGuide):
                 loc = layer.initial_u_loc()
                 tril = initial_scale_tril(site, self.inner_variance)
             deep_setattr(self.locs, site.name, PyroParam(loc))
-            deep_setattr(
-                self.scale_trils,
-                site.name,
-                PyroParam(tril.expand(D, M, M).clone(), constraints.lower_cholesky),
-            )
+            # stored unconstrained (the tensor torch's lower-Cholesky transform would store);
+            # _stored maps it to the factor and its log-determinant in one pass
+            deep_setattr(self.scale_trils, site.name,
+                         PyroParam(unconstrained_tril(tril.expand(D, M, M)), constraints.real))
 
-    def _stored(self, site: LayerSite) -> tuple[torch.Tensor, torch.Tensor]:
+    def _stored(self, site: LayerSite):
+        """``(loc (D, M), scale_tril (D, M, M), log det of each row's covariance (D,) or
+        None)`` as stored (or substituted)."""
         block = self.substituted_block(site.name)
         if block is not None:
-            return block
-        return deep_getattr(self.locs, site.name), deep_getattr(self.scale_trils, site.name)
+            return (*block, None)
+        L, log_det = preconditioned_cholesky(deep_getattr(self.scale_trils, site.name))
+        return deep_getattr(self.locs, site.name), L, log_det
 
     def gaussian_blocks(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """``{"<layer>.u": (loc (D, M), scale_tril (D, M, M))}``: ``q(u)`` of each layer in its
@@ -174,7 +176,8 @@ class MeanField(GaussianBlocks, LayerGuide):
                             "(whiten_function_values=True); its Gaussian blocks are not the "
                             "parameters: build the guide with whiten_function_values=False")
         with torch.no_grad():
-            return {s.name: tuple(t.detach() for t in self._stored(s)) for s in self.layer_sites}
+            return {s.name: tuple(t.detach() for t in self._stored(s)[:2])
+                    for s in self.layer_sites}
 
     def set_gaussian_blocks(self, blocks) -> None:
         for name, (loc, scale_tril) in blocks.items():
@@ -187,11 +190,16 @@ class MeanField(GaussianBlocks, LayerGuide):
     def q_params(self, site: LayerSite) -> tuple[torch.Tensor, torch.Tensor]:
         """``(loc (D, M), scale_tril (D, M, M))`` of ``q(u)`` at ``site``, in the layer's own
         (whitened or not) parameterisation of ``u``."""
-        loc, tril = self._stored(site)
+        return self._q_and_log_det(site)[:2]
+
+    def _q_and_log_det(self, site: LayerSite):
+        """:meth:`q_params` and each row's ``log det S (D,)`` where it comes with the stored
+        factor (else ``None``)."""
+        loc, tril, log_det = self._stored(site)
         if not self._reparameterised(site):
-            return loc, tril
+            return loc, tril, log_det
         mean, L_ref = self._reference(site)
-        return mean + (L_ref @ loc.unsqueeze(-1)).squeeze(-1), L_ref @ tril
+        return mean + (L_ref @ loc.unsqueeze(-1)).squeeze(-1), L_ref @ tril, None
 
     def set_q_params(self, site_name: str, loc: torch.Tensor, scale_tril: torch.Tensor) -> None:
         """Overwrite the parameters of ``q(u)`` at ``site_name`` (e.g. ``"layer1.u"``): the
@@ -208,7 +216,7 @@ class MeanField(GaussianBlocks, LayerGuide):
                     L_ref, (loc - mean).unsqueeze(-1), upper=False).squeeze(-1)
                 scale_tril = torch.linalg.solve_triangular(L_ref, scale_tril, upper=False)
         copy_into(self.locs, site.name, loc, constraints.real)
-        copy_into(self.scale_trils, site.name, scale_tril, constraints.lower_cholesky)
+        copy_into(self.scale_trils, site.name, unconstrained_tril(scale_tril), constraints.real)
 
     def layer_gaussian(self, site: LayerSite) -> LayerGaussian:
         loc, tril = self.q_params(site)
@@ -226,9 +234,9 @@ class MeanField(GaussianBlocks, LayerGuide):
         return MeanFieldRun()
 
     def u_site(self, site, run):
-        loc, scale_tril = self.q_params(site)
+        loc, scale_tril, log_det = self._q_and_log_det(site)
         run.q[site.name] = (loc, scale_tril)
-        return mvn_site(loc, scale_tril)
+        return mvn_site(loc, scale_tril, log_det)
 
     def _q_for_run(self, site: LayerSite, run: MeanFieldRun):
         q = run.q.get(site.name)
