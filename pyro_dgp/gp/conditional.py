@@ -32,7 +32,8 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["conditional", "per_output_conditional", "quadratic_conditional", "quadratic_form"]
+__all__ = ["conditional", "per_output_conditional", "projection", "quadratic_conditional",
+           "quadratic_form"]
 
 _QUADRATIC = [True]
 
@@ -121,9 +122,8 @@ def per_output_conditional(
         mean = ((Linv.mT @ v_loc.unsqueeze(-1)).mT @ Kzx).squeeze(-2)  # (..., D, N)
         var = kxx_diag - ((C @ Kzx) * Kzx).sum(-2)
     else:
-        A = _solve_per_output(Lzz, Kzx)  # (..., D, M, N)
+        A, var = projection(Kzx, Lzz, kxx_diag, per_output=True)  # (..., D, M, N), (..., D, N)
         mean = (v_loc.unsqueeze(-2) @ A).squeeze(-2)  # (..., D, N)
-        var = kxx_diag - A.square().sum(-2)
         if v_scale_tril is not None:
             var = var + (v_scale_tril.mT @ A).square().sum(-2)  # |S_d^T a_n|^2
     var = var.clamp_min(torch.finfo(var.dtype).tiny)  # round-off on an inducing point
@@ -188,10 +188,22 @@ def solve_triangular(L: torch.Tensor, B: torch.Tensor, upper: bool) -> torch.Ten
     return torch.linalg.solve_triangular(L, B, upper=upper)
 
 
+def projection(Kzx: torch.Tensor, Lzz: torch.Tensor, kxx_diag: torch.Tensor,
+               per_output: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(A, residual)`` of the projected form: ``A = L^{-1} K_ZX`` ``(..., M, N)`` and
+    ``k(x, x) - |A|^2`` ``(..., N)``, so that given whitened inducing outputs ``v (D, M)``
+    each output is ``f_d(x_n) = a_n^T v_d + N(0, residual_n)`` (mean function aside). With
+    ``per_output`` (``Lzz (D, M, M)``, ``Kzx (..., D, M, N)``, ``kxx_diag (..., D, N)``) one
+    of each per output: ``(..., D, M, N)`` and ``(..., D, N)``. Not clamped: see
+    :func:`conditional`."""
+    A = _solve_per_output(Lzz, Kzx) if per_output else solve_triangular(Lzz, Kzx, upper=False)
+    return A, kxx_diag - (A * A).sum(-2)
+
+
 def _projected(Kzx, Lzz, kxx_diag, v_loc, v_scale_tril):
-    A = solve_triangular(Lzz, Kzx, upper=False)  # (..., M, N)
+    A, var = projection(Kzx, Lzz, kxx_diag)  # (..., M, N), (..., N)
     At = A.mT  # (..., N, M)
-    var = (kxx_diag - (A * A).sum(-2)).unsqueeze(-1)  # (..., N, 1)
+    var = var.unsqueeze(-1)  # (..., N, 1)
     if v_loc.dim() == 2:
         mean = At @ v_loc.mT  # (..., N, D): batch dims of A fold into the rows of one GEMM
     else:

@@ -13,8 +13,8 @@ from pyro.distributions.util import broadcast_shape
 
 from ..likelihoods.marginal import SourceGaussian, record_source
 
-__all__ = ["CholeskyMVN", "FunctionMarginal", "FunctionPath", "LayerConditional",
-           "WhitenedPrior", "drop_data_dim", "masked_out"]
+__all__ = ["CholeskyMVN", "CorrelatedOutputs", "FunctionMarginal", "FunctionPath",
+           "LayerConditional", "WhitenedPrior", "drop_data_dim", "masked_out"]
 
 
 def drop_data_dim(u: torch.Tensor) -> torch.Tensor:
@@ -183,6 +183,42 @@ class FunctionPath(FunctionMarginal):
         shape = torch.Size(batch_shape) + self.event_shape
         return FunctionPath(self.base_dist.loc.expand(shape), self.var.expand(shape),
                             self.path_scale_tril, self.given_draw, per_output=self.per_output)
+
+
+class CorrelatedOutputs(FunctionMarginal):
+    """``f`` at each point with its ``D_out`` outputs correlated: a draw is ``loc + L xi``,
+    ``L (..., N, D_out, D_out)`` the lower Cholesky factor of the outputs' covariance at each
+    point, ``xi (..., N, D_out)`` standard normal. Its marginals, log-density and recorded
+    source are those of :class:`FunctionMarginal` ``N(loc, var)``, ``var = diag(L L^T)``.
+
+    :ivar noise: a dict whose ``"xi"`` is the noise of the latest draw, shared with the
+        instances :meth:`expand` makes: the guide that built it conditions the next layer
+        on that draw (:mod:`pyro_dgp.guides.joint_collapse`).
+    """
+
+    def __init__(self, loc: torch.Tensor, scale_tril: torch.Tensor, given_draw: bool = False,
+                 noise: dict | None = None, validate_args=None):
+        super().__init__(loc, scale_tril.square().sum(-1), given_draw)
+        self.output_scale_tril = scale_tril
+        self.noise = {} if noise is None else noise
+
+    def rsample(self, sample_shape=torch.Size()):
+        if sample_shape:
+            raise NotImplementedError("CorrelatedOutputs draws one value per batch entry")
+        loc = self.base_dist.loc
+        xi = torch.randn(loc.shape, dtype=loc.dtype, device=loc.device)
+        value = loc + (self.output_scale_tril @ xi.unsqueeze(-1)).squeeze(-1)
+        self.noise["xi"] = xi
+        record_source(value, SourceGaussian(loc, self.var, self.given_draw))
+        return value
+
+    def expand(self, batch_shape, _instance=None):
+        if torch.Size(batch_shape) == self.batch_shape:
+            return self
+        shape = torch.Size(batch_shape) + self.event_shape
+        return CorrelatedOutputs(self.base_dist.loc.expand(shape),
+                                 self.output_scale_tril.expand(shape + self.event_shape),
+                                 self.given_draw, self.noise)
 
 
 class LayerConditional(dist.TorchDistribution):

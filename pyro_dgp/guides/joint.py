@@ -29,6 +29,13 @@ Estimator of ``E_q log p(y | f^L)``, shared by both guides:
   10,000-point minibatch with ``T = 900`` would need 8e9). The ``<layer>.f`` values of a
   per-point trace are not one function's values: take sample paths under
   :meth:`~pyro_dgp.guides.base.LayerGuide.shared_draws`.
+- ``estimator="collapsed"`` (with per-point draws) integrates every layer's ``u`` out per
+  point, not only the last one's: each ``f^l`` is drawn from its exact law given the point's
+  earlier values (:mod:`pyro_dgp.guides.joint_collapse`). The same ELBO, of lower variance
+  (``tests/guides/test_joint_collapse.py``), at the cost of per-point draws; the default
+  ``"sampled"`` draws the inner layers' ``u`` as above. At equal steps the collapsed
+  estimator did not train Coupled further (``benchmarks/results/history.md``, "Why Coupled
+  trails MeanField: the cross-layer entries").
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from ..validation import check_positive_finite
 from . import estimators
 from .base import GuideRun, LayerGuide
 from .gaussian import LayerGaussian, initial_scale_tril, log_density_of_noise
+from .joint_collapse import PointPosterior, collapsed_joint
 from .params import block_preconditioner
 from .prototype import LayerSite
 
@@ -102,6 +110,7 @@ class JointRun(GuideRun):
     draw: JointDraw | None = None
     point_draws: JointDraw | None = None
     kl: torch.Tensor | float = 0.0
+    collapse: PointPosterior | None = None
 
 
 class JointGaussian(LayerGuide):
@@ -113,8 +122,8 @@ class JointGaussian(LayerGuide):
     #: ``per_point=None`` draws per point while ``N T K`` is at most this (module docstring)
     per_point_budget = 1e9
 
-    def __init__(self, model, inner_variance: float = 1e-5, per_point: bool | None = None,
-                 name=None):
+    def __init__(self, model, inner_variance: float = 0.01, per_point: bool | None = None,
+                 estimator: str = "sampled", name=None):
         if type(self).factor is JointGaussian.factor:
             raise TypeError(
                 f"{type(self).__name__} is an abstract base of the cross-layer guides (it has "
@@ -126,6 +135,10 @@ class JointGaussian(LayerGuide):
         self.inner_variance = check_positive_finite(inner_variance,
                                                     f"{type(self).__name__}: inner_variance")
         self.per_point = None if per_point is None else bool(per_point)
+        if estimator not in ("sampled", "collapsed"):
+            raise ValueError(f"{type(self).__name__}: estimator must be 'sampled' or "
+                             f"'collapsed', got {estimator!r}")
+        self.estimator = estimator
 
     def draws_per_point(self, num_draws: int) -> bool:
         """Whether a run with ``num_draws`` points (times particles) draws ``U`` per point
@@ -331,6 +344,7 @@ class JointGaussian(LayerGuide):
         return JointRun(factor=factor,
                         draw=JointDraw(self._draw_with_last_loc),
                         point_draws=JointDraw(self._draw_with_last_loc),
+                        collapse=PointPosterior(),
                         kl=gaussian_kl_to_layer_prior([s.layer for s in self.layer_sites],
                                                       *factor))
 
@@ -345,6 +359,8 @@ class JointGaussian(LayerGuide):
         D, M = site.shape
         points = u.shape[:-2] + x.shape[-2:-1]
         per_point = self.draws_per_point(points.numel())
+        if per_point and self.estimator == "collapsed":
+            return self._collapsed(site, x, run)
         if per_point:
             v, last_loc, _ = run.point_draws.get(points)
         elif run.draw.latest is None:
@@ -363,3 +379,14 @@ class JointGaussian(LayerGuide):
             lo = self._offsets()[site.index]
             return estimators.per_point(site, x, v[..., lo : lo + D * M].unflatten(-1, (D, M)))
         return estimators.sampled(site, x, u)
+
+    def _collapsed(self, site, x, run):
+        """:func:`~pyro_dgp.guides.joint_collapse.collapsed_joint` with layer ``site``'s rows
+        of the run's factor (low rank: ``[W, diag(sqrt d)]``, the noise ``(e, e')``)."""
+        mean, R, d, _ = self._factor_of_run()
+        if d is not None:
+            R = torch.cat([R, torch.diag(d.sqrt())], dim=-1)
+        D, M = site.shape
+        lo = self._offsets()[site.index]
+        return collapsed_joint(site, x, mean[lo : lo + D * M].reshape(D, M),
+                               R[lo : lo + D * M].reshape(D, M, -1), run.collapse)

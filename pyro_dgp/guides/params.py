@@ -4,12 +4,11 @@ and the block preconditioner of a joint Cholesky factor."""
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
-__all__ = ["block_preconditioner", "copy_into", "deep_getattr", "preconditioned_cholesky",
-           "unconstrained_tril"]
+__all__ = ["CROSS_POWER", "block_preconditioner", "copy_into", "cross_scale", "deep_getattr",
+           "preconditioned_cholesky", "unconstrained_tril"]
 
 
 def deep_getattr(obj, key: str):
@@ -35,23 +34,35 @@ def copy_into(param_holder, name: str, value: torch.Tensor, constraint=None) -> 
             torch.distributions.transform_to(constraint).inv(value))
 
 
+#: cross-block entries of a joint factor are scaled by ``n ** -CROSS_POWER`` (see below)
+CROSS_POWER = 1.0
+
+
+def cross_scale(n: int) -> float:
+    """The scale ``n ** -CROSS_POWER`` of a joint factor's cross-block entries, for ``n``
+    columns (:func:`block_preconditioner`; Chain's couplings, ``n`` the layer below's size)."""
+    return float(n) ** -CROSS_POWER
+
+
 def block_preconditioner(sizes: list[int], like: torch.Tensor) -> torch.Tensor:
     """``(n, n)`` scales of a lower-triangular factor's entries over blocks of the given sizes
-    (one block per layer output): 1 within a block (and on the diagonal), ``1/sqrt(n)``
-    between blocks.
+    (one block per layer output): 1 within a block (and on the diagonal),
+    :func:`cross_scale` ``(n) = 1/n`` between blocks.
 
-    Adam moves every coordinate by about ``lr`` per step, so a row of free entries moves by
-    about ``lr sqrt(width)``. Within a block that is MeanField's rate, which these scales keep:
-    a joint guide's per-layer blocks are parameterised as MeanField's. Across blocks, the
-    thousands of cross-output entries of a wide factor moving at that rate inflate the inner
-    layers' covariance early in training and stall it (on boston, Chain with the cross entries
-    scaled by ``1/sqrt(b - 1)`` for ``b`` blocks trailed MeanField's test log-likelihood:
-    ``benchmarks/results/history.md``, "Cross-entry scale of the joint guides"). Scaled by
-    ``1/sqrt(n)``, the cross part of a row moves by about ``lr`` whatever its width.
+    Adam moves every coordinate by about ``lr`` per step, whatever the size of its gradient,
+    and early in training the cross-block entries' gradients are mostly Monte Carlo noise.
+    Within a block the scales keep MeanField's rate: a joint guide's per-layer blocks are
+    parameterised as MeanField's. Across blocks, the hundreds of entries of a row moving at
+    that rate inflate the layers' covariance and stall training: on yacht, Coupled's training
+    ELBO rose steadily as the cross scale fell from ``1/sqrt(n)`` to ``1/n`` and below, and
+    with the entries frozen at zero it trained as MeanField
+    (``benchmarks/results/history.md``, "Why Coupled trails MeanField: the cross-layer
+    entries"). With ``1/n`` a row's cross part still moves by about ``lr / sqrt(n)`` per
+    step where the gradients keep their signs.
     """
     ids = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)).to(like.device)
     same = ids[:, None] == ids[None, :]
-    cross = torch.full(same.shape, 1.0 / math.sqrt(sum(sizes)), dtype=like.dtype,
+    cross = torch.full(same.shape, cross_scale(sum(sizes)), dtype=like.dtype,
                        device=like.device)
     return torch.where(same, torch.ones_like(cross), cross)
 

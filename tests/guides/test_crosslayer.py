@@ -324,8 +324,8 @@ def test_block_preconditioner_keeps_within_block_entries_and_scales_cross_blocks
     assert scale.shape == (7, 7) and scale.dtype == DT
     assert torch.equal(scale[:2, :2], torch.ones(2, 2, dtype=DT))
     assert torch.equal(scale[4:, 4:], torch.ones(3, 3, dtype=DT))
-    assert torch.allclose(scale[2:4, :2], torch.full((2, 2), 7**-0.5, dtype=DT))
-    assert torch.allclose(scale[4:, :4], torch.full((3, 4), 7**-0.5, dtype=DT))
+    assert torch.allclose(scale[2:4, :2], torch.full((2, 2), 7**-1.0, dtype=DT))
+    assert torch.allclose(scale[4:, :4], torch.full((3, 4), 7**-1.0, dtype=DT))
     assert torch.equal(block_preconditioner([5], like), torch.ones(5, 5, dtype=DT))
     raw = torch.randn(7, 7, dtype=DT)  # the entries above the diagonal are unused
     L, logdet = preconditioned_cholesky(raw, scale.tril(-1))

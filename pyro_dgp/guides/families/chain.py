@@ -3,8 +3,6 @@ al. 2020, eq. 14-17)."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from pyro.distributions import constraints
@@ -13,7 +11,13 @@ from pyro.nn import PyroModule, PyroParam
 
 from ...gp.conditional import solve_triangular
 from ..joint import JointGaussian
-from ..params import copy_into, deep_getattr, preconditioned_cholesky, unconstrained_tril
+from ..params import (
+    copy_into,
+    cross_scale,
+    deep_getattr,
+    preconditioned_cholesky,
+    unconstrained_tril,
+)
 from ..prototype import LayerSite
 from ..registry import register_guide
 
@@ -36,18 +40,18 @@ class Chain(JointGaussian):
     ``f^1..f^{L-1}`` come from the model's conditionals; the last layer's ``u^L`` is integrated
     out through ``q(u^L | u^{L-1})`` (Gaussian, independent of everything else given
     ``u^{L-1}``), so ``f^L`` is drawn from the collapsed marginal: exact, and of lower variance
-    than sampling ``u^L``. ``per_point`` as for :class:`Coupled`.
+    than sampling ``u^L``. ``per_point`` and ``estimator`` as for :class:`Coupled`.
 
     Initialisation: every layer at its prior (``inner_variance = 1``, as :class:`MeanField`),
-    couplings zero. A near-deterministic inner start (``inner_variance=1e-5``, Coupled's
-    default) is unstable here with three layers or more: the whitened residual passed up the
+    couplings zero. A near-deterministic inner start (``inner_variance=1e-5``, DSVI's) is
+    unstable here with three layers or more: the whitened residual passed up the
     chain, ``w_l = L_l^-1 C_l w_{l-1} + e_l``, grows like ``|C_l| / sqrt(inner_variance)``
     as soon as a step moves ``C_l``.
     """
 
     def __init__(self, model, inner_variance: float = 1.0, per_point: bool | None = None,
-                 name=None):
-        super().__init__(model, inner_variance, per_point, name=name)
+                 estimator: str = "sampled", name=None):
+        super().__init__(model, inner_variance, per_point, estimator, name=name)
         self.locs = PyroModule()
         self.scale_trils = PyroModule()
         self.couplings = PyroModule()
@@ -162,7 +166,9 @@ class Chain(JointGaussian):
                              "block tridiagonal over layers); Chain cannot represent it")
 
     def _coupling_divisor(self, site: LayerSite) -> float:
-        return math.sqrt(self.layer_sites[site.index - 1].shape.numel())
+        """``1 / cross_scale(n_{l-1})``: the couplings are cross-layer entries of the joint
+        factor, scaled as Coupled's (:func:`~pyro_dgp.guides.params.block_preconditioner`)."""
+        return 1.0 / cross_scale(self.layer_sites[site.index - 1].shape.numel())
 
     def factor(self):
         """The joint as ``v = mean + R e`` with block lower-triangular ``R`` (T x T)."""

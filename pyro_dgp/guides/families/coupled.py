@@ -32,6 +32,15 @@ class Coupled(GaussianBlocks, JointGaussian):
         low-rank-plus-diagonal covariance ``W W^T + diag(d)``.
     :param per_point: draw ``U`` per data point (see the module docstring; ``None``: while
         ``N T K <= per_point_budget``).
+    :param estimator: ``"sampled"`` (below) or ``"collapsed"``: with per-point draws, every
+        layer's ``u`` integrated out per point (:mod:`~pyro_dgp.guides.joint`'s docstring).
+
+    Initialisation: the inner layers' ``q(u)`` at ``inner_variance = 0.01`` times the prior's
+    covariance, the last layer at its prior, no cross-block terms. From the prior Coupled
+    ended in the noise-only fit on the compositional toy of Ustyuzhaninov et al. 2020; from
+    DSVI's ``1e-5`` it trained least far on yacht, energy and concrete
+    (``benchmarks/results/history.md``, "Why Coupled trails MeanField: the cross-layer
+    entries").
 
     Estimator (module docstring): ``u^1..u^{L-1}`` drawn jointly (the sampled-u
     estimator of Ustyuzhaninov et al. 2020, unbiased for any q), each ``f^l`` from the model's
@@ -42,9 +51,9 @@ class Coupled(GaussianBlocks, JointGaussian):
     O(T r) per draw. Per-point draws take N draws a step.
     """
 
-    def __init__(self, model, rank: int | None = None, inner_variance: float = 1e-5,
-                 per_point: bool | None = None, name=None):
-        super().__init__(model, inner_variance, per_point, name=name)
+    def __init__(self, model, rank: int | None = None, inner_variance: float = 0.01,
+                 per_point: bool | None = None, estimator: str = "sampled", name=None):
+        super().__init__(model, inner_variance, per_point, estimator, name=name)
         self.rank = None if rank is None else check_positive_int(rank, "Coupled: rank")
 
     def _setup_sites(self, sites):
