@@ -31,11 +31,12 @@ Estimator of ``E_q log p(y | f^L)``, shared by both guides:
   :meth:`~pyro_dgp.guides.base.LayerGuide.shared_draws`.
 - ``estimator="collapsed"`` (with per-point draws) integrates every layer's ``u`` out per
   point, not only the last one's: each ``f^l`` is drawn from its exact law given the point's
-  earlier values (:mod:`pyro_dgp.guides.joint_collapse`). The same ELBO, of lower variance
-  (``tests/guides/test_joint_collapse.py``), at the cost of per-point draws; the default
-  ``"sampled"`` draws the inner layers' ``u`` as above. At equal steps the collapsed
-  estimator did not train Coupled further (``benchmarks/results/history.md``, "Why Coupled
-  trails MeanField: the cross-layer entries").
+  earlier values (:mod:`pyro_dgp.guides.joint_collapse`). The same ELBO, of no higher
+  variance: per point it is the sampled estimate's expectation given the point's inner draws
+  of ``f`` (``tests/guides/test_joint_collapse.py``). The default ``"sampled"`` draws the
+  inner layers' ``u`` as above; at equal steps the collapsed estimator did not train Coupled
+  further (``benchmarks/results/history.md``, "Why Coupled trails MeanField: the cross-layer
+  entries").
 """
 
 from __future__ import annotations
