@@ -15,12 +15,13 @@ from pyro_dgp.guides.joint_collapse import PointPosterior, collapsed_joint
 DT = torch.float64
 
 
-def _model(num_layers=2, N=8, M=4, hidden=2, whiten=True, D_in=2):
+def _model(num_layers=2, N=8, M=4, hidden=2, whiten=True, D_in=2, per_output=False):
     g = torch.Generator().manual_seed(0)
     X = torch.randn(N, D_in, generator=g, dtype=DT)
     y = torch.sin(X.sum(-1)) + 0.1 * torch.randn(N, generator=g, dtype=DT)
     model = dgp.DeepGP.regression(X, y, num_layers=num_layers, num_inducing=M,
-                                  hidden_dim=hidden, whiten=whiten, seed=0)
+                                  hidden_dim=hidden, whiten=whiten, seed=0,
+                                  kernel_per_output=per_output)
     return model, X, y
 
 
@@ -98,11 +99,14 @@ def test_second_layer_equals_dense_gaussian_conditioning(whiten):
             torch.testing.assert_close(var2[n, 0], a2 @ S2 @ a2 + k2[n])
 
 
+@pytest.mark.parametrize("whiten", [True, False])
+@pytest.mark.parametrize("per_output", [False, True])
 @pytest.mark.parametrize("Guide", [Coupled, Chain])
-def test_independent_layers_give_meanfields_collapsed_marginals(Guide):
+def test_independent_layers_give_meanfields_collapsed_marginals(Guide, per_output, whiten):
     """A joint q with no cross-layer terms (started at MeanField's q): each layer's marginal
-    given the same f below equals MeanField's collapsed estimator's."""
-    model, X, y = _model()
+    given the same f below equals MeanField's collapsed estimator's (a kernel per output or
+    one per layer, whitened or not)."""
+    model, X, y = _model(per_output=per_output, whiten=whiten)
     mf = MeanField(model)
     mf(X, y)
     g = torch.Generator().manual_seed(2)
