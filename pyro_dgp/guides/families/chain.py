@@ -42,14 +42,17 @@ class Chain(JointGaussian):
     ``u^{L-1}``), so ``f^L`` is drawn from the collapsed marginal: exact, and of lower variance
     than sampling ``u^L``. ``per_point`` and ``estimator`` as for :class:`Coupled`.
 
-    Initialisation: every layer at its prior (``inner_variance = 1``, as :class:`MeanField`),
-    couplings zero. A near-deterministic inner start (``inner_variance=1e-5``, DSVI's) is
-    unstable here with three layers or more: the whitened residual passed up the
-    chain, ``w_l = L_l^-1 C_l w_{l-1} + e_l``, grows like ``|C_l| / sqrt(inner_variance)``
-    as soon as a step moves ``C_l``.
+    Initialisation: the inner layers at ``inner_variance = 0.01`` times the prior's covariance
+    (as :class:`Coupled`), the last at its prior, couplings zero. A near-deterministic inner
+    start (``inner_variance=1e-5``, DSVI's) is unstable here with three layers or more: the
+    whitened residual passed up the chain, ``w_l = L_l^-1 C_l w_{l-1} + e_l``, grows like
+    ``|C_l| / sqrt(inner_variance)`` as soon as a step moves ``C_l``. From the prior, Chain
+    ended in the noise-only fit on the compositional toy of Ustyuzhaninov et al. 2020
+    (``benchmarks/results/history.md``, "Why Coupled trails MeanField: the cross-layer
+    entries").
     """
 
-    def __init__(self, model, inner_variance: float = 1.0, per_point: bool | None = None,
+    def __init__(self, model, inner_variance: float = 0.01, per_point: bool | None = None,
                  estimator: str = "sampled", name=None):
         super().__init__(model, inner_variance, per_point, estimator, name=name)
         self.locs = PyroModule()

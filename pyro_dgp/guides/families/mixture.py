@@ -81,7 +81,7 @@ class Mixture(LayerGuide):
         ``lambda m: MeanField(m, inner_variance=1e-5)``), of a family with a Gaussian ``q(U)``.
     :param inner_variance: the initial variance of each component's inner layers (whitened,
         as the families' own ``inner_variance``); ``None``: ``0.01`` for the MeanField
-        families, the family's own start for Coupled (``0.01``) and Chain (the prior). Not
+        families, the family's own start (``0.01``) for Coupled and Chain. Not
         used with a builder ``family``.
     :param num_components: ``K >= 1``.
     :param learn_weights: learn ``pi`` (its logits, starting uniform); ``False`` keeps it
