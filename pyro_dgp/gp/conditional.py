@@ -32,8 +32,8 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["conditional", "per_output_conditional", "projection", "quadratic_conditional",
-           "quadratic_form"]
+__all__ = ["conditional", "layer_parts", "per_output_conditional", "projection",
+           "quadratic_conditional", "quadratic_form"]
 
 _QUADRATIC = [True]
 
@@ -186,6 +186,21 @@ def solve_triangular(L: torch.Tensor, B: torch.Tensor, upper: bool) -> torch.Ten
         X = torch.linalg.solve_triangular(L, _fold(B), upper=upper)
         return _unfold(X, B.shape[:-2], B.shape[-1])
     return torch.linalg.solve_triangular(L, B, upper=upper)
+
+
+def layer_parts(layer, x: torch.Tensor, Lzz: torch.Tensor | None = None):
+    """``(Z, K_ZX, L_ZZ, diag k(x, x))`` of ``layer`` (a :class:`~pyro_dgp.gp.layer.GPLayer`)
+    at inputs ``x (..., N, D_in)``, ``Z`` and each kernel hyperparameter read once (a
+    ``PyroParam`` read is a ``pyro.param`` call): ``(M, D_in)``, ``(..., M, N)``, ``(M, M)``,
+    ``(..., N)``; with a kernel per output ``(..., D, M, N)``, ``(D, M, M)``, ``(..., D, N)``.
+    A given ``Lzz`` is used as is. What :func:`conditional` and :func:`projection` take."""
+    Z = layer.current_inducing_inputs()
+    per_output = layer.kernel_outputs is not None
+    Kzz, Kzx, kxx = layer.kernel.conditional_parts(Z, x.unsqueeze(-3) if per_output else x)
+    if Kzx is None:  # a white-noise-only kernel
+        batch = torch.broadcast_shapes(Z.shape[:-2], x.shape[:-2])
+        Kzx = Z.new_zeros(batch + (Z.shape[-2], x.shape[-2]))
+    return Z, Kzx, layer.cholesky_of(Kzz) if Lzz is None else Lzz, kxx
 
 
 def projection(Kzx: torch.Tensor, Lzz: torch.Tensor, kxx_diag: torch.Tensor,

@@ -35,7 +35,7 @@ from ..validation import (
     unique_name,
 )
 from . import kl  # noqa: F401  (registers the KL to the whitened prior)
-from .conditional import conditional, per_output_conditional
+from .conditional import conditional, layer_parts, per_output_conditional
 from .distributions import LayerConditional, WhitenedPrior, drop_data_dim, masked_out
 from .inducing_points import initial_inducing_points
 from .sites import FunctionSite, InducingSite, check_replayed_guide, tag
@@ -302,19 +302,10 @@ class GPLayer(PyroModule):
         :param u_scale_tril: ``(..., D_out, M, M)`` or ``None``.
         :returns: ``(loc, var)``, each ``(..., N, D_out)``, the mean function included.
         """
-        Z = self.current_inducing_inputs()  # read once: a PyroParam read is a pyro.param call
-        per_output = self.kernel_outputs is not None
-        # K_ZZ, K_ZX and k(x, x) with each kernel hyperparameter read once: (M, M), (..., M, N),
-        # (..., N); with a kernel per output (D, M, M), (..., D, M, N), (..., D, N)
-        Kzz, Kzx, kxx = self.kernel.conditional_parts(Z, x.unsqueeze(-3) if per_output else x)
-        if Kzx is None:  # a white-noise-only kernel
-            batch = torch.broadcast_shapes(Z.shape[:-2], x.shape[:-2])
-            Kzx = Z.new_zeros(batch + (Z.shape[-2], x.shape[-2]))
-        if Lzz is None:
-            Lzz = self.cholesky_of(Kzz)
+        Z, Kzx, Lzz, kxx = layer_parts(self, x, Lzz)
         if self.function_values:
             u_loc = u_loc - self.mean_function(Z).mT
-        solve = per_output_conditional if per_output else conditional
+        solve = per_output_conditional if self.kernel_outputs is not None else conditional
         loc, var = solve(Kzx, Lzz, kxx, u_loc, u_scale_tril, self.whiten)
         return loc + self.mean_function(x), var
 

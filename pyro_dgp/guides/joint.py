@@ -60,6 +60,12 @@ from .prototype import LayerSite
 __all__ = ["JointGaussian", "LayerSlice"]
 
 
+def _noise_rows(R: torch.Tensor, d: torch.Tensor | None) -> torch.Tensor:
+    """``[R, diag(sqrt d)]`` (``R`` where ``d`` is ``None``): rows ``(n, K)`` whose product
+    with their transpose is ``R R^T + diag d``."""
+    return R if d is None else torch.cat([R, torch.diag(d.sqrt())], -1)
+
+
 class JointDraw:
     """Joint draws for one guide run, keyed by batch shape (the plates' shape for the
     ``<layer>.u`` sites, plus the points for per-point draws): ``(v (*batch, T), last_loc
@@ -301,8 +307,7 @@ class JointGaussian(LayerGuide):
 
     def layer_gaussian(self, site: LayerSite) -> LayerGaussian:
         mean, Rb, d, _ = self.marginal_factor(site)
-        rows = Rb if d is None else torch.cat([Rb, torch.diag(d.sqrt())], -1)
-        return LayerGaussian(mean, rows=rows)
+        return LayerGaussian(mean, rows=_noise_rows(Rb, d))
 
     def layer_kl(self, site: LayerSite | str, random_inducing: bool = False) -> torch.Tensor:
         site = self.site(site) if isinstance(site, str) else site
@@ -385,8 +390,7 @@ class JointGaussian(LayerGuide):
         """:func:`~pyro_dgp.guides.joint_collapse.collapsed_joint` with layer ``site``'s rows
         of the run's factor (low rank: ``[W, diag(sqrt d)]``, the noise ``(e, e')``)."""
         mean, R, d, _ = self._factor_of_run()
-        if d is not None:
-            R = torch.cat([R, torch.diag(d.sqrt())], dim=-1)
+        R = _noise_rows(R, d)
         D, M = site.shape
         lo = self._offsets()[site.index]
         return collapsed_joint(site, x, mean[lo : lo + D * M].reshape(D, M),

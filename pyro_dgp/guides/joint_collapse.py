@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..gp.conditional import projection, solve_triangular
+from ..gp.conditional import layer_parts, projection, solve_triangular
 from ..gp.distributions import CorrelatedOutputs
 from ..linalg import cholesky
 from .prototype import LayerSite
@@ -44,13 +44,8 @@ def layer_projection(site: LayerSite, x: torch.Tensor, mean: torch.Tensor, rows:
     (``mean (D, M)``, ``rows (D, M, K)``, in the layer's own parameterisation): one GEMM of the
     layer's projection with the rows."""
     layer = site.layer
-    Z = layer.current_inducing_inputs()
     per_output = layer.kernel_outputs is not None
-    Kzz, Kzx, kxx = layer.kernel.conditional_parts(Z, x.unsqueeze(-3) if per_output else x)
-    if Kzx is None:  # a white-noise-only kernel
-        Kzx = Z.new_zeros(x.shape[:-2] + ((layer.output_dim,) if per_output else ())
-                          + (Z.shape[-2], x.shape[-2]))
-    Lzz = layer.cholesky_of(Kzz)
+    _, Kzx, Lzz, kxx = layer_parts(layer, x)
     if not layer.whiten:  # v = L^-1 u
         mean = solve_triangular(Lzz, mean.unsqueeze(-1), upper=False).squeeze(-1)
         rows = solve_triangular(Lzz, rows, upper=False)
@@ -129,8 +124,10 @@ def collapsed_joint(site: LayerSite, x: torch.Tensor, mean: torch.Tensor, rows: 
         cov = cov - CG.mT @ CG
         cross = cross - state.rows.mT @ CG
     cov = 0.5 * (cov + cov.mT)
+    # V's own factor where it has one (k~ > 0 makes V positive definite), so that the draw and
+    # the Kalman gain use V itself; linalg.cholesky adds its jitter from the first try
     L, info = torch.linalg.cholesky_ex(cov)
-    if bool(info.any()):  # k~ > 0 keeps V positive definite but for round-off: add jitter
+    if bool(info.any()):  # round-off: jitter, escalated, then an error naming the layer
         L = cholesky(cov, name=f"layer '{site.layer.name}' (collapsed joint)")
     gain = torch.linalg.solve_triangular(L, cross.mT, upper=False).mT  # cross L^-T
     draw = CorrelatedOutputs(loc, L)
