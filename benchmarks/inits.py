@@ -5,7 +5,8 @@ Each entry gives the keyword arguments of :meth:`pyro_dgp.DeepGP.regression`, th
 inner layers, whitened) and ``fit``'s ``lr_decay``. ``dsvi`` is the set-up of Salimbeni and
 Deisenroth 2017; the others change one thing from it, except ``gpytorch``, the starting values
 of GPyTorch's DeepGP example (``0.693 = softplus(0)`` for noise, kernel variance and
-lengthscales; ``q(u) = N(0, I)`` in every layer; learned linear means).
+lengthscales; ``q(u) = N(0, I)`` in every layer; learned linear means), and ``narrow``,
+GPyTorch's start with the inner layers' ``q(u)`` variance at 0.01 (the joint guides' start).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ INITS = {
     "gpytorch": {"noise_variance": 0.693, "kernel_variance": 0.693, "lengthscale": 0.693,
                  "train_mean": True, "inner_variance": 1.0},
 }
+INITS["narrow"] = {**INITS["gpytorch"], "inner_variance": 0.01}
 
 #: the keys that are DeepGP.regression's
 MODEL_KEYS = ("noise_variance", "kernel_variance", "lengthscale", "ard", "train_mean")

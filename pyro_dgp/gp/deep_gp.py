@@ -179,9 +179,9 @@ class DeepGP(PyroModule):
         Everything is created on ``X``'s device and dtype (float32 or float64).
 
         Starting values: noise variance, kernel variances and lengthscales all
-        ``ln 2 = softplus(0)`` and learned inner means, with ``guides.MeanField``'s inner
-        ``q(u) = p(u)``, chosen over the published start by an initialisation study on kin8nm,
-        power and concrete (:ref:`its figures <results-which-starting-values-train-best>`).
+        ``ln 2 = softplus(0)`` and learned inner means, chosen over the published start by an
+        initialisation study on kin8nm, power and concrete (:ref:`its figures
+        <results-which-starting-values-train-best>`).
         The published start is
         ``noise_variance=0.01, kernel_variance=2.0, lengthscale=2.0, train_mean=False`` with
         ``MeanField(model, inner_variance=1e-5)``. Both assume standardised X and y.

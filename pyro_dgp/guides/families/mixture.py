@@ -22,10 +22,10 @@ gradient through it: train with the stratified objectives of :mod:`pyro_dgp.infe
 Components start apart: component 0 at the family's own start, component ``k >= 1`` with its
 means moved by ``spread`` times a draw of the prior ``p(u^l)`` of every layer, seeded by
 ``seed + k``, and every component narrower than that spread in its inner layers
-(``inner_variance``; MeanField's own start is the prior, as wide as the spread). On the
-two-mode toy (:func:`pyro_dgp.gold.two_mode_model`), K = 4 MeanField components started at the
-prior all ended in one mode; started at ``inner_variance = 0.01``, one of them ended in the
-other mode (numbers in :mod:`pyro_dgp.infer.mixture`).
+(``inner_variance``, 0.01 by default). On the two-mode toy
+(:func:`pyro_dgp.gold.two_mode_model`), K = 4 MeanField components started at the prior all
+ended in one mode; started at ``inner_variance = 0.01``, one of them ended in the other mode
+(numbers in :mod:`pyro_dgp.infer.mixture`).
 
 Or components start at ``K`` trained Gaussian guides of the same model (``init_from=[guide_1,
 ..., guide_K]``, e.g. independent fits from different seeds that landed in different modes):
@@ -80,9 +80,8 @@ class Mixture(LayerGuide):
         function ``model -> guide`` that builds one component (e.g.
         ``lambda m: MeanField(m, inner_variance=1e-5)``), of a family with a Gaussian ``q(U)``.
     :param inner_variance: the initial variance of each component's inner layers (whitened,
-        as the families' own ``inner_variance``); ``None``: ``0.01`` for the MeanField
-        families, the family's own start (``0.01``) for Coupled and Chain. Not
-        used with a builder ``family``.
+        as the families' own ``inner_variance``); ``None``: the family's own start
+        (``0.01``). Not used with a builder ``family``.
     :param num_components: ``K >= 1``.
     :param learn_weights: learn ``pi`` (its logits, starting uniform); ``False`` keeps it
         uniform.
@@ -330,9 +329,8 @@ class Mixture(LayerGuide):
 #: name -> (model, inner_variance) -> one component; ``inner_variance=None`` as the
 #: family's default
 _FAMILIES = {
-    "meanfield": lambda m, v: MeanField(m, inner_variance=0.01 if v is None else v),
-    "meanfield-sampled": lambda m, v: MeanField(m, collapsed=False,
-                                                inner_variance=0.01 if v is None else v),
+    "meanfield": lambda m, v: MeanField(m, **_inner(v)),
+    "meanfield-sampled": lambda m, v: MeanField(m, collapsed=False, **_inner(v)),
     "coupled": lambda m, v: Coupled(m, **_inner(v)),
     "coupled-per-point": lambda m, v: Coupled(m, per_point=True, **_inner(v)),
     "coupled-lowrank": lambda m, v: Coupled(m, rank=10, **_inner(v)),
