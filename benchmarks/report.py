@@ -417,9 +417,12 @@ SECTIONS = (
     Section("Which starting values train best?", "uci", _initialisation_study,
             (DATASET_MODEL, _setting("init"), _setting("steps"), SPLITS, LOGLIK, RMSE),
             "Mean-field DS-DGP on UCI regression from each start of `benchmarks/uci.py --init` "
-            "(`package`: the start `DeepGP.regression` uses; the others, `benchmarks/inits.py`'s, "
-            f"change one thing of the published start of {SALIMBENI}, whose rows are in the "
-            "first section, except `gpytorch`, GPyTorch's start, which the package adopted)."),
+            "(`package`: the package's start at the run's commit; the others, "
+            "`benchmarks/inits.py`'s, change one thing of the published start of "
+            f"{SALIMBENI}, whose rows are in the first section, except `gpytorch`, GPyTorch's "
+            "start, which the package adopted, and `narrow`, the same with the inner layers' "
+            "`q(u)` at 0.01 times the prior's covariance, MeanField's start since 2026-11-29: "
+            "`benchmarks/results/history.md`, \"MeanField's start: the prior against 0.01\")."),
     Section("Which objective should be the default?", "defaults", lambda rec: True,
             (Column("data set, guide (splits)", lambda rec, flat: " ".join(
                 (rec["settings"]["dataset"], rec["settings"]["guide"])).strip() + (
