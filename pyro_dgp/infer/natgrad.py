@@ -28,7 +28,10 @@ written out)::
         optim.step()
 
 ``pyro_dgp.fit(..., natural_gradient=warmup_gamma(0.1))`` runs this loop (a constant
-``gamma`` is taken as it is: ``1`` lands on the optimum of a conjugate model at once).
+``gamma`` is taken as it is: ``1`` lands on the optimum of a conjugate model at once). In a
+deep model it is not always ahead of Adam alone: on a smooth 2-D set, MeanField from its
+default start trained further with Adam alone (``benchmarks/results/history.md``,
+"MeanField's start: the prior against 0.01").
 
 Damped steps. A step is taken only where its new precision ``P' = S^-1 + 2 gamma dloss/deta2``
 keeps ``P' - keep (1 - gamma) S^-1`` positive definite (``keep = 1/2``). Where the block is
