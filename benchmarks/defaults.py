@@ -61,7 +61,7 @@ def _settings(args, dataset: str, guide: str, objective: str, splits: int) -> di
     return {"dataset": dataset, "model": "DGP 2", "guide": guide, "objective": objective,
             "steps": args.steps, "batch": args.batch_size, "inducing": args.num_inducing,
             "dtype": "float64", "splits": splits,
-            **({"validation": args.validation} if args.validation else {})}
+            **grid.settings(args)}
 
 
 def record(args, dataset: str, guide: str, objective: str) -> None:

@@ -86,6 +86,20 @@ def add_common(p: argparse.ArgumentParser, datasets: list[str], splits: list[int
     p.add_argument("--validation", type=float, default=None, metavar="F",
                    help="uci.py --validation: hold out F of each training split (stacking "
                    "weights from the held-out points); separate runs from those without")
+    p.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant",
+                   help="uci.py --lr-schedule: the protocol's constant rate, or fit's cosine "
+                   "schedule (separate runs)")
+
+
+def lr_schedule(args) -> str:
+    """``--lr-schedule`` of a grid's options (``constant``, the protocol's, where not given)."""
+    return getattr(args, "lr_schedule", "constant")
+
+
+def settings(args) -> dict:
+    """The grid options a record names only where they differ from the protocol's."""
+    return {**({"validation": args.validation} if args.validation else {}),
+            **({"lr_schedule": lr_schedule(args)} if lr_schedule(args) != "constant" else {})}
 
 
 def _argv(run: Run, args) -> list[str]:
@@ -95,19 +109,21 @@ def _argv(run: Run, args) -> list[str]:
             "--num-inducing", str(args.num_inducing), "--seed", str(run.seed),
             "--out", args.out, "--pointwise-dir", args.pointwise_dir, "--threads", "1",
             "--no-record", "--quiet",
-            *(["--validation", str(args.validation)] if args.validation else [])]
+            *(["--validation", str(args.validation)] if args.validation else []),
+            "--lr-schedule", lr_schedule(args)]
 
 
 def find(records: list[dict], run: Run, args) -> dict | None:
     """The last finished record of ``run`` at these settings (``None``: not run yet)."""
     want = (run.dataset, run.guide, objective_label(run.objective), run.split, run.layers,
             args.steps, args.batch_size, args.num_inducing, run.seed,
-            _split_token(run.objective)[1], args.validation or None)
+            _split_token(run.objective)[1], args.validation or None, lr_schedule(args))
     for rec in reversed(records):
         s = rec.get("settings", {})
         have = (rec.get("dataset"), rec.get("guide"), rec.get("objective"), rec.get("split"),
                 rec.get("layers"), s.get("steps"), s.get("batch_size"), s.get("inducing"),
-                s.get("seed"), s.get("particles", 1), s.get("validation"))
+                s.get("seed"), s.get("particles", 1), s.get("validation"),
+                s.get("lr_schedule", "constant"))
         if have == want and rec.get("status") != "failed":
             return rec
     return None

@@ -22,7 +22,9 @@ Guides (DGP 2, the harness's package initialisation, ``--steps`` Adam steps, bat
 - ``stacked``: the stacking mixture of the fits above on the same split, weights from their
   training points' PSIS-LOO densities (``benchmarks/pointwise.py``); ``stacked, both
   objectives``: the same over every fit of the split the runs file holds, the objective
-  not chosen included (the ELBO's and alpha = 1's fits of each family);
+  not chosen included (the ELBO's and alpha = 1's fits of each family, and, where
+  ``defaults.py`` ran them, the ELBO's with ``fit``'s ten draws per step, ``auto,P=10``, at
+  the constant rate and with ``fit``'s cosine schedule, ``--lr-schedule cosine``);
 - ``meanfield x5``: the stacked mean-field fits of base seeds 0-4 (the atlas's own mean-field
   fit is seed 0), on the five smallest sets.
 
@@ -47,6 +49,10 @@ DATASETS = ["boston", "energy", "concrete", "wine_red", "kin8nm", "power", "nava
 ENSEMBLE_SETS = ["boston", "energy", "concrete", "wine_red", "kin8nm"]
 CHOSEN_OBJECTIVE = ("meanfield", "coupled", "chain")
 OBJECTIVE_CHOICES = ("auto", "alpha=1")
+#: fits the stack of both objectives also takes where the runs file holds them, as
+#: ``(objective, learning-rate schedule)``: the ELBO with ``fit``'s default ten draws per
+#: step, at the protocol's constant rate and with ``fit``'s cosine schedule
+EXTRA_FITS = (("auto,P=10", "constant"), ("auto,P=10", "cosine"))
 SEMI_IMPLICIT = ("ssivi", "ssivi-iwhvi", "ssivi-discrete")
 CHECK_SET = "boston"
 OWN_OBJECTIVE = {"amortized-ar2pp": 3, "mixture": 2}
@@ -129,7 +135,7 @@ def _part(run: grid.Run) -> str:
 def _settings(args, dataset: str, guide: str, objective: str) -> dict:
     return {"dataset": dataset, "guide": guide, "objective": objective, "steps": args.steps,
             "batch": args.batch_size, "inducing": args.num_inducing,
-            **({"validation": args.validation} if args.validation else {})}
+            **grid.settings(args)}
 
 
 def _run_figures(rec: dict, args) -> dict:
@@ -155,6 +161,10 @@ def split_lines(records: list[dict], dataset: str, split: int, args) -> dict[tup
     every: dict[str, dict] = {}
     candidates = [(f"{g} {o}", grid.find(records, grid.Run(dataset, g, o, split), args))
                   for g in CHOSEN_OBJECTIVE for o in OBJECTIVE_CHOICES]
+    candidates += [(f"{g} {o} {lrs}", grid.find(records, grid.Run(dataset, g, o, split),
+                                                 argparse.Namespace(**{**vars(args),
+                                                                       "lr_schedule": lrs})))
+                   for g in CHOSEN_OBJECTIVE for o, lrs in EXTRA_FITS]
     for label, rec in [*found.items(), *candidates]:
         if rec is not None and all(rec is not r for r in every.values()):
             every[label] = rec

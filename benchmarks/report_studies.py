@@ -76,9 +76,10 @@ def objective_cell(figures: dict | None) -> str:
         return ""
 
     def fmt(value: float, se: float | None) -> str:
-        digits = 2 if abs(value) >= 1 else 3
-        text = f"{value:.{digits}f}"
-        return text if se is None else f"{text} ({se:.{digits}f})"
+        # three significant digits below 0.01 (naval's RMSE is about 1e-4)
+        spec = ".2f" if abs(value) >= 1 else ".3f" if abs(value) >= 0.01 else ".3g"
+        text = f"{value:{spec}}"
+        return text if se is None else f"{text} ({se:{spec}})"
 
     return (f"{fmt(-figures['test_loglik'], figures.get('test_loglik_se'))} / "
             f"{fmt(figures['rmse'], figures.get('rmse_se'))}")
@@ -103,7 +104,8 @@ def objective_rows(records: list[dict]) -> list[dict]:
     groups: dict[tuple, dict[str, dict]] = {}
     for rec in best.values():
         s = rec["settings"]
-        guide = s["guide"] + (f", validation {s['validation']:g}" if s.get("validation") else "")
+        guide = (s["guide"] + (f", validation {s['validation']:g}" if s.get("validation") else "")
+                 + (f", {s['lr_schedule']} schedule" if s.get("lr_schedule") else ""))
         key = (s["dataset"], guide, s.get("steps"), s.get("batch"), s.get("inducing"))
         groups.setdefault(key, {})[s["objective"]] = rec
     rows, wins = [], {o: [0, 0] for o in OBJECTIVES}

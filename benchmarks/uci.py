@@ -142,7 +142,7 @@ PROTOCOL = {"steps": 20000, "batch_size": 10000, "lr": 0.01, "particles": 1, "sa
 
 _KEY_FIELDS = ("dataset", "layers", "guide", "objective", "split")
 _SETTING_FIELDS = ("steps", "batch_size", "lr", "inducing", "hidden_dim", "particles",
-                   "samples", "seed", "init", "dtype", "validation")
+                   "samples", "seed", "init", "dtype", "validation", "lr_schedule")
 
 
 def model_label(layers: int, inducing: int) -> str:
@@ -186,6 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=PROTOCOL["batch_size"],
                    help="minibatch size (capped at the training set size)")
     p.add_argument("--lr", type=float, default=PROTOCOL["lr"], help="Adam learning rate")
+    p.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant",
+                   help="constant: the protocol's rate at every step (the initialisation's "
+                   "lr_decay where it has one); cosine: fit's default schedule, down to a "
+                   "tenth of --lr at the last step")
     p.add_argument("--num-inducing", "--inducing", dest="inducing",
                    type=int, default=PROTOCOL["inducing"],
                    help="inducing points M per layer (capped at N)")
@@ -286,7 +290,8 @@ def _settings(args) -> dict:
             "inducing": args.inducing, "hidden_dim": args.hidden_dim,
             "particles": args.particles, "samples": args.samples, "seed": args.seed,
             "init": args.init, "device": args.device, "dtype": args.dtype,
-            **({"validation": args.validation} if args.validation else {})}
+            **({"validation": args.validation} if args.validation else {}),
+            **({"lr_schedule": args.lr_schedule} if args.lr_schedule != "constant" else {})}
 
 
 def _run_key(rec: dict) -> tuple:
@@ -343,7 +348,16 @@ def _tag(args, short: str, layers: int, split: int) -> str:
     return (f"{short}_L{layers}_{args.guide}_{objective_label(args)}_s{split}_T{args.steps}"
             f"_B{args.batch_size}_M{args.inducing}_H{args.hidden_dim}_P{args.particles}"
             f"_lr{args.lr:g}_seed{args.seed}_{args.init}"
-            + (f"_V{args.validation:g}" if args.validation else ""))
+            + (f"_V{args.validation:g}" if args.validation else "")
+            + ("" if args.lr_schedule == "constant" else f"_{args.lr_schedule}"))
+
+
+def _schedule(args, init: dict) -> dict:
+    """``fit``'s learning-rate options of a run: the initialisation's ``lr_decay`` at the
+    protocol's constant rate, else ``fit``'s cosine schedule with its default decay."""
+    if args.lr_schedule == "constant":
+        return {"lr_decay": init["lr_decay"]}
+    return {"lr_schedule": args.lr_schedule}
 
 
 def _fraction(text: str) -> float:
@@ -406,7 +420,7 @@ def _run_one(args, short: str, split: int, layers: int, ckpt_dir: Path) -> tuple
                      num_particles=(args.alpha_samples if args.objective == "alpha"
                                     else args.particles), seed=seed, progress=not args.quiet,
                      checkpoint=ckpt, checkpoint_every=args.checkpoint_every, resume=ckpt.exists(),
-                     lr_decay=init["lr_decay"])
+                     **_schedule(args, init))
         losses, fit_seconds, resumed_from = result.losses, result.seconds, result.resumed_from
         final_elbo = result.final_elbo
     except TrainingDivergedError as err:  # parameters restored to the last finite step
@@ -541,14 +555,16 @@ def mean_se(values: list[float]) -> tuple[float, float | None]:
 
 def group_by_configuration(records: list[dict]) -> dict[tuple, list[dict]]:
     """``{(dataset, layers, model, guide, objective, steps, batch, M, S, init, particles,
-    hidden_dim): records}`` (``hidden_dim``: as asked, ``None`` for the builder's default), one
-    record per split (the last of a split: a rerun of it, or a second process on a file)."""
+    hidden_dim, lr_schedule): records}`` (``hidden_dim``: as asked, ``None`` for the builder's
+    default), one record per split (the last of a split: a rerun of it, or a second process
+    on a file)."""
     groups: dict[tuple, list[dict]] = {}
     for rec in records:
         s = rec["settings"]
         key = (rec["dataset"], rec["layers"], rec["model"], rec["guide"], rec["objective"],
                s["steps"], s.get("batch_size_used"), s.get("inducing_used"), s["samples"],
-               s.get("init", "dsvi"), s.get("particles", 1), s.get("hidden_dim"))
+               s.get("init", "dsvi"), s.get("particles", 1), s.get("hidden_dim"),
+               s.get("lr_schedule", "constant"))
         groups.setdefault(key, []).append(rec)
     for key, recs in groups.items():  # one record per split: the last (a rerun of it, or a
         by_split = {r["split"]: r for r in recs}  # second process on the same file)
@@ -563,7 +579,7 @@ def record_summary(records: list[dict]) -> None:
         ok = [r for r in recs if r.get("status", "ok") == "ok"]
         if not ok:
             continue
-        ds, layers, label, guide, objective, steps, B, M, S, init, particles, hidden = key
+        ds, layers, label, guide, objective, steps, B, M, S, init, particles, hidden, lrs = key
         figures = {"splits": len(ok), "num_splits": ok[0]["data"]["num_splits"]}
         for name in ("test_loglik", "rmse", "crps"):
             figures[name], figures[f"{name}_se"] = mean_se([r["metrics"][name] for r in ok])
@@ -577,6 +593,8 @@ def record_summary(records: list[dict]) -> None:
             settings["particles"] = particles
         if hidden is not None:  # a width asked for (else the builder's default)
             settings["hidden_dim"] = hidden
+        if lrs != "constant":  # the records without the key: the protocol's constant rate
+            settings["lr_schedule"] = lrs
         for name, default in (("device", "cpu"), ("dtype", "float64")):
             value = ok[0]["settings"].get(name, default)
             if value != default:  # the records before these options: all cpu, float64
@@ -595,7 +613,7 @@ def summarize(records: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key in sorted(groups, key=lambda k: (order.index(k[0]), k[1], k[3], k[4], k[5])):
-        ds, layers, label, guide, objective, steps, B, M, S, init, particles, hidden = key
+        ds, layers, label, guide, objective, steps, B, M, S, init, particles, hidden, lrs = key
         if init != "dsvi":
             guide = f"{guide} ({init})"
         if particles != 1:

@@ -176,6 +176,23 @@ def test_find_tells_runs_of_different_draws_apart():
     assert grid.find([rec, ten], grid.Run("energy", "meanfield", "auto,P=10", 0), args) is ten
 
 
+def test_find_tells_runs_of_different_learning_rate_schedules_apart():
+    """A record without ``lr_schedule`` ran at the protocol's constant rate."""
+    args = SimpleNamespace(steps=3000, batch_size=1000, num_inducing=100, validation=0.1)
+    rec = {"dataset": "naval", "guide": "meanfield", "objective": "auto", "split": 0,
+           "layers": 2, "status": "ok", "settings": {"steps": 3000, "batch_size": 1000,
+                                                     "inducing": 100, "seed": 0,
+                                                     "validation": 0.1}}
+    cosine = {**rec, "settings": {**rec["settings"], "lr_schedule": "cosine"}}
+    run = grid.Run("naval", "meanfield", "auto", 0)
+    assert grid.find([rec, cosine], run, args) is rec
+    assert grid.find([rec, cosine], run, SimpleNamespace(**vars(args), lr_schedule="cosine")) \
+        is cosine
+    assert grid.settings(args) == {"validation": 0.1}
+    assert grid.settings(SimpleNamespace(validation=None, lr_schedule="cosine")) == {
+        "lr_schedule": "cosine"}
+
+
 def test_the_atlas_stacks_both_objectives_of_a_split_beside_its_chosen_fits(tmp_path):
     """Mean-field fits with the ELBO and with alpha = 1 on one split: the chosen one is the
     atlas's member, ``stacked`` needs two members so is absent, and ``stacked, both
@@ -204,6 +221,18 @@ def test_the_atlas_stacks_both_objectives_of_a_split_beside_its_chosen_fits(tmp_
                                "meanfield alpha=1": pytest.approx(expected["weights"][1])}
     assert both["seconds"] == pytest.approx(21.0)
     assert "diverged_at" not in lines[("meanfield", "auto")]
+    # fit's defaults (ten draws, the cosine schedule) join the stack where they have run
+    path = _side_file(tmp_path, "cosine", 2, y, rng.normal(-1.0, 0.3, 30))
+    records.append({**records[0], "objective": "auto", "seconds": 5.0,
+                    "settings": {**records[0]["settings"], "particles": 10,
+                                 "lr_schedule": "cosine"},
+                    "diagnostics": {"pointwise": path.name}})
+    both = guides.split_lines(records, "energy", 0, args)[(guides.STACKED_ALL, "own")]
+    assert set(both["weights"]) == {"meanfield", "meanfield alpha=1",
+                                    "meanfield auto,P=10 cosine"}
+    assert both["test_loglik"] == pytest.approx(
+        pointwise.stack_runs([*paths, path])["test_loglik"])
+    records.pop()
     # a run whose loss became NaN is scored where it stopped, and says so
     records[0] = {**records[0], "status": "diverged", "steps_done": 1655}
     lines = guides.split_lines(records, "energy", 0, args)
@@ -263,6 +292,29 @@ def test_a_run_with_a_validation_fraction_trains_on_the_rest_and_writes_its_dens
     run = pointwise.load_run(side / rec["diagnostics"]["pointwise"])
     assert run["val_logp"].shape == (46,) and np.isfinite(run["val_logp"]).all()
     assert run["loo_logp"].shape == (409,)
+
+
+def test_a_run_with_the_cosine_schedule_trains_with_it_and_says_so(tmp_path, monkeypatch):
+    """``--lr-schedule cosine`` hands ``fit`` its cosine schedule (the protocol's constant
+    rate is ``lr_decay=1``), and its record and side file are not the constant rate's."""
+    import json
+
+    import uci
+
+    seen = []
+    real_fit = uci.fit
+    monkeypatch.setattr(uci, "fit", lambda *a, **kw: seen.append(kw) or real_fit(*a, **kw))
+    out, side = tmp_path / "runs.jsonl", tmp_path / "pointwise"
+    argv = ["--datasets", "boston", "--layers", "1", "--splits", "1", "--steps", "3",
+            "--samples", "5", "--inducing", "10", "--threads", "1", "--quiet", "--out",
+            str(out), "--pointwise-dir", str(side), "--no-record"]
+    assert uci.main(argv) == 0 and uci.main([*argv, "--lr-schedule", "cosine"]) == 0
+    constant, cosine = (json.loads(line) for line in out.read_text().splitlines())
+    assert seen[0]["lr_decay"] == 1.0 and "lr_schedule" not in seen[0]
+    assert seen[1]["lr_schedule"] == "cosine" and "lr_decay" not in seen[1]
+    assert "lr_schedule" not in constant["settings"]
+    assert cosine["settings"]["lr_schedule"] == "cosine"
+    assert constant["diagnostics"]["pointwise"] != cosine["diagnostics"]["pointwise"]
 
 
 def test_the_defaults_stack_waits_for_both_fits_and_stacks_them(tmp_path):
