@@ -172,7 +172,8 @@ def _add_fit(sub) -> None:
                         "Gaussian q(u), warmed up from 1e-4 over 5 steps (warmup_gamma; "
                         "Salimbeni, Eleftheriadis and Hensman 2018), Adam for the other "
                         "parameters; guides meanfield, meanfield-sampled, coupled, "
-                        "coupled-per-point (default: Adam for all)")
+                        "coupled-per-point; 0.02 is the README's recipe (default: Adam for "
+                        "all)")
     f.add_argument("--particles", type=_positive_int, default=None,
                    help="draws of the guide per step and point (fit's num_particles; "
                         "default: 10 for --objective alpha and for an ELBO, 1 for the "

@@ -279,13 +279,15 @@ def _fit_deep(name, family, num_steps, natural_gradient, inner_variance=None, **
                    progress=False, **kwargs)
 
 
+@pytest.mark.parametrize("gamma", [0.02, 0.1])
 @pytest.mark.parametrize("family", ["MeanField", "Coupled"])
 @pytest.mark.parametrize("data", ["step", "2d"])
-def test_the_readme_recipe_trains_every_guide_it_names(data, family):
-    """The README's ``natural_gradient=warmup_gamma(0.1)`` with DeepGP.regression's defaults:
-    full Coupled's one block (both layers) left a precision that was not positive definite
-    at step 5 on both sets, where gamma first reaches 0.1; the damped step trains on."""
-    result = _fit_deep(data, family, 40, warmup_gamma(0.1), final_elbo_particles=0)
+def test_the_readme_recipe_trains_every_guide_it_names(data, family, gamma):
+    """The README's ``warmup_gamma(0.02)``, and ``0.1`` (Salimbeni, Eleftheriadis and Hensman
+    2018's step), with DeepGP.regression's defaults: at 0.1 full Coupled's one block (both
+    layers) left a precision that was not positive definite at step 5 on both sets, where
+    gamma first reaches 0.1; the damped step trains on."""
+    result = _fit_deep(data, family, 40, warmup_gamma(gamma), final_elbo_particles=0)
     assert len(result.losses) == 40 and all(math.isfinite(loss) for loss in result.losses)
 
 
@@ -293,17 +295,16 @@ def test_the_readme_recipe_trains_every_guide_it_names(data, family):
 @pytest.mark.parametrize("family", ["MeanField", "Coupled"])
 @pytest.mark.parametrize("data", ["step", "2d"])
 def test_the_readme_recipe_reaches_the_elbo_of_adam(data, family):
-    """1,500 steps (MeanField from the prior start of its inner layers): the recipe's final
-    ELBO is not far below Adam's alone (measured when the test was written: step data
-    MeanField 100.2 vs 92.7, Coupled 101.1 vs 99.2; 2-D set MeanField 129.4 vs 131.0, Coupled
-    138.1 vs 126.4; the 2-D set's MeanField again on 2026-11-29: 120.3 vs 120.2). From
-    MeanField's default start (0.01) Adam alone goes further on the 2-D set, 133.0 and 132.9
-    at fit seeds 0 and 1, against the recipe's 116.8 and 119.8
-    (``benchmarks/results/history.md``, "MeanField's start: the prior against 0.01")."""
-    start = 1.0 if family == "MeanField" else None
-    adam = _fit_deep(data, family, 1500, None, inner_variance=start).final_elbo
-    recipe = _fit_deep(data, family, 1500, warmup_gamma(0.1), inner_variance=start).final_elbo
-    assert math.isfinite(recipe) and recipe > adam - max(10.0, 0.1 * abs(adam))
+    """1,500 steps from each family's default start: the README's recipe,
+    ``warmup_gamma(0.02)``, ends level with Adam alone or above it (measured, fit seeds 0-3
+    on the 2-D set and 0-1 on the step data: MeanField within 2 nats of Adam's 131-134 and
+    104-105, Coupled 8-9 above Adam's 138-139 on the 2-D set and level on the step data).
+    The tolerance is about five times the spread between seeds. At ``gamma = 0.1`` MeanField
+    ended 11 to 16 nats below Adam on the 2-D set (``benchmarks/results/history.md``, "The
+    natural-gradient recipe's step size")."""
+    adam = _fit_deep(data, family, 1500, None).final_elbo
+    recipe = _fit_deep(data, family, 1500, warmup_gamma(0.02)).final_elbo
+    assert math.isfinite(recipe) and recipe > adam - 5.0
 
 
 def test_a_natural_step_that_fails_in_fit_is_a_divergence(tmp_path, monkeypatch):
