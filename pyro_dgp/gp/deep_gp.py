@@ -143,21 +143,23 @@ class DeepGP(PyroModule):
     def forward(self, X: torch.Tensor, y: torch.Tensor | None = None):
         # finiteness with Pyro's validation only: fit checks the data once, then runs its
         # steps without validation
-        check_inputs(X, self.input_dim, finite=is_validation_enabled())
+        # each submodule read once: a read is a PyroModule.__getattr__ call
+        layers, likelihood = list(self.layers), self.likelihood
+        check_inputs(X, layers[0].input_dim, finite=is_validation_enabled())
         B = X.shape[-2]
         N = self.num_data if self.num_data is not None and self.num_data >= B else B
         plate = pyro.plate("data", N, subsample=torch.arange(B, device=X.device), dim=-1)
         h, Z = X, None
-        for layer in self.layers:
+        propagated = self.inducing_scheme == "propagated"
+        for layer in layers:
             h = layer(h, plate=plate, inducing_inputs=Z)
-            if self.inducing_scheme == "propagated":
-                # Ustyuzhaninov et al. 2020, §4.2: this layer's values at its inducing inputs are
-                # the next
-                # layer's inducing inputs
+            if propagated:
+                # Ustyuzhaninov et al. 2020, §4.2: this layer's values at its inducing inputs
+                # are the next layer's inducing inputs
                 Z = layer.inducing_outputs
-        sample_hyperparameters(self.likelihood)
+        sample_hyperparameters(likelihood)
         with plate:
-            return self.likelihood(h, y)
+            return likelihood(h, y)
 
     # ------------------------------------------------------------------ constructors
     @classmethod

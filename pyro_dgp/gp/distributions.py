@@ -240,6 +240,8 @@ class LayerConditional(dist.TorchDistribution):
     @staticmethod
     def batch_shape_of(x: torch.Tensor, u: torch.Tensor) -> torch.Size:
         """``u (..., D_out, M)`` lies outside the data plate: a singleton at its dim."""
+        if u.dim() == 2 and x.dim() >= 2:  # one u (training): x's batch shape, no broadcast
+            return x.shape[:-1]
         return broadcast_shape(x.shape[:-1], u.shape[:-2] + (1,))
 
     def moments(self) -> tuple[torch.Tensor, torch.Tensor]:

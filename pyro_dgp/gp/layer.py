@@ -42,6 +42,8 @@ from .sites import FunctionSite, InducingSite, check_replayed_guide, tag
 
 __all__ = ["GPLayer", "random_hyperparameters", "sample_hyperparameters"]
 
+_NO_SWAP = contextlib.nullcontext()  # reusable: enters and exits as often as needed
+
 
 def _sample_names(m: torch.nn.Module) -> list[str]:
     """``m``'s own PyroSample attribute names (PyroModule's registry of them)."""
@@ -58,9 +60,10 @@ def sample_hyperparameters(module: torch.nn.Module) -> None:
     """Draw every ``PyroSample`` attribute of ``module`` and its children now: PyroModule
     samples such a site at its first access in a call; touching them before the data plate
     opens keeps global hyperparameters out of it."""
-    for m in module.modules():  # each module once, without building its dotted name
-        for attr in _sample_names(m):
-            getattr(m, attr)
+    for _, m in module.named_modules():  # each module once (modules() wraps this generator)
+        if m.__dict__.get("_pyro_samples"):  # most modules have none: no list to build
+            for attr in _sample_names(m):
+                getattr(m, attr)
 
 
 def _layer_kernel(kernel, Z: torch.Tensor, input_dim: int) -> Kernel:
@@ -374,7 +377,9 @@ class GPLayer(PyroModule):
         name = self.name
         check_replayed_guide(self, name)
         sample_hyperparameters(self)
-        with self.given_inducing_inputs(inducing_inputs):
+        # the stored Z (the common case): no generator-based context to build per call
+        swap = inducing_inputs is not None or self._random_Z is not None
+        with self.given_inducing_inputs(inducing_inputs) if swap else _NO_SWAP:
             u = pyro.sample(f"{name}.u", self.prior(), infer=tag(InducingSite(self)))
             u = drop_data_dim(u)
             if self.function_values:

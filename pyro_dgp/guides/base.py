@@ -332,16 +332,22 @@ class LayerGuide(GuideProtocol, PyroModule):
         sample values (``tests/infer/test_elbo_known_answers.py``), without running the model a
         second time. Handlers outside the guide do not see the model's hidden sites, so
         callers use it only where none is active (:class:`~pyro_dgp.elbo.AnalyticKL_ELBO`).
+        Neither trace holds subsample sites (as after Pyro's ``prune_subsample_sites``).
         """
         view: list = []
         # a plain attribute (not a parameter, buffer or module): set without nn.Module's
         # checks; and the trace handler without poutine.trace's functools.update_wrapper, whose
         # look-ups of a module's missing __name__ and __qualname__ raise and catch errors
         self.__dict__["_model_view"] = view
+        handler = TraceMessenger()(self)
         try:
-            guide_trace = TraceMessenger()(self).get_trace(*args, **kwargs)
+            handler(*args, **kwargs)
         finally:
             self.__dict__["_model_view"] = None
+        guide_trace = handler.trace  # the handler's own (get_trace would copy it)
+        for name in [name for name, site in guide_trace.nodes.items()
+                     if site["type"] == "sample" and site_is_subsample(site)]:
+            guide_trace.remove_node(name)
         model_trace = Trace()
         for msg, site in view:
             site["value"] = msg["value"]  # final once the run is over

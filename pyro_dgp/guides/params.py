@@ -8,12 +8,20 @@ import functools
 import torch
 
 __all__ = ["CROSS_POWER", "block_preconditioner", "copy_into", "cross_scale", "deep_getattr",
-           "preconditioned_cholesky", "unconstrained_tril"]
+           "holder_and_leaf", "preconditioned_cholesky", "unconstrained_tril"]
 
 
 def deep_getattr(obj, key: str):
     """Inverse of Pyro's ``deep_setattr``: ``obj.a.b.c`` for ``key = "a.b.c"``."""
     return functools.reduce(getattr, key.split("."), obj)
+
+
+def holder_and_leaf(obj, key: str):
+    """``(obj.a.b, "c")`` for ``key = "a.b.c"``: the module that holds a nested ``PyroParam``
+    and its attribute name. Every step on the path is a ``PyroModule.__getattr__`` call, so
+    code that reads the parameter at every step looks the holder up once."""
+    path, _, leaf = key.rpartition(".")
+    return (deep_getattr(obj, path) if path else obj), leaf
 
 
 def copy_into(param_holder, name: str, value: torch.Tensor, constraint=None) -> None:

@@ -110,10 +110,10 @@ def model_and_guide_traces(model, guide, args, kwargs):
     :func:`plated_traces`)."""
     if single_pass(model, guide):
         guide_trace, model_trace = guide.traces(*args, **kwargs)
-    else:
-        guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
-        model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(
-            *args, **kwargs)
+        return model_trace, guide_trace  # without subsample sites already
+    guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
+    model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(
+        *args, **kwargs)
     return prune_subsample_sites(model_trace), prune_subsample_sites(guide_trace)
 
 
@@ -193,6 +193,7 @@ class AnalyticKL_ELBO(TraceMeanField_ELBO):  # noqa: N801 (Pyro's naming of ELBO
 
     def _elbo_particle(self, model_trace, guide_trace) -> torch.Tensor:
         elbo = 0.0
+        validating = is_validation_enabled()
         for name, site in model_trace.nodes.items():
             if site["type"] != "sample" or masked_out(site):
                 continue
@@ -202,7 +203,7 @@ class AnalyticKL_ELBO(TraceMeanField_ELBO):  # noqa: N801 (Pyro's naming of ELBO
             guide_site = guide_trace.nodes.get(name)
             if guide_site is None:
                 raise ValueError(_uncovered_latent_message(name, site))
-            if is_validation_enabled():
+            if validating:
                 check_fully_reparametrized(guide_site)
             try:
                 kl = kl_divergence(guide_site["fn"], site["fn"])

@@ -18,10 +18,8 @@ the expectations and the predictive moments, and draws ``f ~ N(loc, var)``, ``y 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
-from collections.abc import Iterator
 
 import numpy as np
 import pyro
@@ -123,6 +121,25 @@ class AnalyticObservation(dist.TorchDistribution):
             return self.likelihood.distribution(f).sample()
 
 
+class _Fixed:
+    """:meth:`Likelihood.fixed`'s context (a class: scored once per step, where a generator
+    context costs several calls more)."""
+
+    def __init__(self, likelihood: Likelihood, values: dict[str, torch.Tensor]):
+        self.likelihood, self.values, self.shadowed = likelihood, values, []
+
+    def __enter__(self) -> Likelihood:
+        attrs = self.likelihood.__dict__
+        self.shadowed = [name for name in self.values if name not in attrs]
+        attrs.update({name: self.values[name] for name in self.shadowed})
+        return self.likelihood
+
+    def __exit__(self, *exc) -> None:
+        attrs = self.likelihood.__dict__
+        for name in self.shadowed:
+            del attrs[name]
+
+
 class Likelihood(PyroModule):
     """Base class. ``f`` passed in has shape ``(..., N, 1)``; ``y`` has shape ``(N,)``.
 
@@ -166,19 +183,13 @@ class Likelihood(PyroModule):
         names = {**self.__dict__.get("_pyro_params", {}), **self.__dict__.get("_pyro_samples", {})}
         return {name: getattr(self, name) for name in names}
 
-    @contextlib.contextmanager
-    def fixed(self, values: dict[str, torch.Tensor]) -> Iterator[Likelihood]:
-        """Within the block, reads of the named hyperparameters return ``values``.
+    def fixed(self, values: dict[str, torch.Tensor]) -> _Fixed:
+        """A context within which reads of the named hyperparameters return ``values``; it
+        enters as this likelihood.
 
         Instance attributes shadow ``PyroModule.__getattr__``, which serves ``PyroParam`` and
         ``PyroSample`` attributes only when ordinary lookup fails."""
-        shadowed = [name for name in values if name not in self.__dict__]
-        self.__dict__.update({name: values[name] for name in shadowed})
-        try:
-            yield self
-        finally:
-            for name in shadowed:
-                del self.__dict__[name]
+        return _Fixed(self, values)
 
     def expected_log_prob(self, y, loc, var):
         """``E_{N(f; loc, var)} log p(y | f)``, Gauss-Hermite; shapes ``(..., N)``."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 
 from tqdm.std import tqdm
 
@@ -57,17 +58,21 @@ class Progress:
                             file=self.stream)
         self.t0, self.first = time.perf_counter(), initial
 
-    def update(self, steps_done: int, label: dict[str, str]) -> None:
-        """After ``steps_done`` steps, ``label`` the figures to show (``{"elbo": "..."}``)."""
+    def update(self, steps_done: int, label: dict[str, str] | Callable[[], dict[str, str]]
+               ) -> None:
+        """After ``steps_done`` steps, ``label`` the figures to show (``{"elbo": "..."}``), or
+        a function that returns them, called only at the steps that show them."""
         if not self.enabled:
             return
         if self.bar is not None:
             self.bar.update(1)
             if steps_done % 10 == 1 or steps_done == self.total:
-                self.bar.set_postfix(label, refresh=False)
+                self.bar.set_postfix(label() if callable(label) else label, refresh=False)
             return
         if steps_done % self.every and steps_done != self.total:
             return
+        if callable(label):
+            label = label()
         rate = (steps_done - self.first) / max(time.perf_counter() - self.t0, 1e-9)
         shown = ", ".join(f"{k}={v}" for k, v in label.items())
         print(f"{self.desc} step {steps_done}/{self.total}: {shown} ({rate:.1f} steps/s)",

@@ -47,7 +47,10 @@ class EagerStep:
     def step(self, args: Sequence[torch.Tensor]) -> float:
         """The loss at the batch ``args``, gradients accumulated into the parameters."""
         if self.weighted:
-            loss = self.share() * self.elbo.differentiable_loss(self.model, self.guide, *args)
+            share = self.share()
+            loss = self.elbo.differentiable_loss(self.model, self.guide, *args)
+            if share != 1:  # one process: the weight 1 would add a product to the graph
+                loss = share * loss
             loss.backward()
             return float(loss.detach())
         return float(self.elbo.loss_and_grads(self.model, self.guide, *args))

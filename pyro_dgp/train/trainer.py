@@ -331,7 +331,8 @@ class Trainer:
                 # the user's call
                 if self.writer:
                     self.monitor.check(self.opt.param_groups[0]["lr"], stacklevel=7)
-                display.update(done, self.progress_label(self.monitor.smoothed))
+                # the label is formatted only at the steps that show it
+                display.update(done, lambda: self.progress_label(self.monitor.smoothed))
                 reason = self.after_step(done, loss)
                 if reason is not None and done < self.num_steps:
                     self.stopped(done, reason)

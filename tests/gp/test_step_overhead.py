@@ -97,11 +97,8 @@ def test_kl_and_variances_carry_no_expand_of_their_own_shape():
     assert type(var.grad_fn).__name__ != "ExpandBackward0"
 
 
-def test_a_guides_traces_wrap_no_function_metadata(monkeypatch):
-    """``poutine.trace(guide)`` copies a function's metadata onto its handler; a module has no
-    ``__name__``, so each step raised and caught two errors there."""
-    import functools
-
+def _small_meanfield():
+    """A two-layer model on 12 random points and its MeanField guide, set up."""
     import pyro_dgp as dgp
 
     pyro.clear_param_store()
@@ -109,6 +106,16 @@ def test_a_guides_traces_wrap_no_function_metadata(monkeypatch):
     model = dgp.DeepGP.regression(X, y, num_layers=2, hidden_dim=2, num_inducing=4)
     guide = dgp.guides.MeanField(model)
     guide(X, y)
+    return model, guide, X, y
+
+
+def test_a_guides_traces_wrap_no_function_metadata(monkeypatch):
+    """``poutine.trace(guide)`` copies a function's metadata onto its handler; a module has no
+    ``__name__``, so each step raised and caught two errors there."""
+    import functools
+
+
+    model, guide, X, y = _small_meanfield()
     calls = _count_calls(monkeypatch, functools, "update_wrapper")
     guide_trace, model_trace = guide.traces(X, y)
     assert not calls
@@ -143,3 +150,39 @@ def test_the_kl_takes_a_known_log_determinant_instead_of_the_factors_diagonal(mo
     wide = known.base_dist.expand((2, 3))
     assert isinstance(wide, CholeskyMVN) and wide.log_det_cov.shape == (2, 3)
     torch.testing.assert_close(wide.half_log_det()[1], 0.5 * log_det, rtol=0, atol=0)
+
+
+def test_a_run_looks_up_parameter_holders_once_and_traces_only_sample_sites(monkeypatch):
+    """MeanField finds the modules that hold a site's parameters on its first read, not at
+    every step (each module on the dotted path is a ``PyroModule.__getattr__`` call); a
+    guide's own traces hold no subsample sites without a copy of each trace to prune them,
+    and keep the param sites (Pyro's ``loss_and_grads`` steps only where a trace has
+    some)."""
+    from pyro.poutine.util import site_is_subsample
+
+    from pyro_dgp.guides import params
+    from pyro_dgp.infer import elbo as elbo_module
+
+    model, guide, X, y = _small_meanfield()
+    looked_up = _count_calls(monkeypatch, params, "deep_getattr")
+    copies = _count_calls(monkeypatch, elbo_module, "prune_subsample_sites")
+    with pyro.validation_enabled(False):
+        model_trace, guide_trace = elbo_module.model_and_guide_traces(model, guide, (X, y), {})
+    assert not looked_up and not copies
+    for trace in (model_trace, guide_trace):
+        assert not [n for n, s in trace.nodes.items() if site_is_subsample(s)]
+    assert any(s["type"] == "param" for s in guide_trace.nodes.values())
+    assert {"layer1.u", "layer2.f"} <= set(guide_trace.nodes) and "y" in model_trace.nodes
+
+
+def test_a_layer_on_its_stored_inducing_inputs_builds_no_swap_context(monkeypatch):
+    """``given_inducing_inputs`` (a generator-based context) is entered only where a call's
+    inducing inputs are random."""
+    import pyro_dgp as dgp
+
+    pyro.clear_param_store()
+    X, y = torch.randn(12, 2), torch.randn(12)
+    model = dgp.DeepGP.regression(X, y, num_layers=2, hidden_dim=2, num_inducing=4)
+    calls = _count_calls(monkeypatch, layer_module.GPLayer, "given_inducing_inputs")
+    pyro.poutine.trace(model).get_trace(X, y)
+    assert not calls

@@ -15,7 +15,7 @@ from .. import estimators
 from ..base import GuideRun, LayerGuide
 from ..blocks import GaussianBlocks
 from ..gaussian import LayerGaussian, initial_scale_tril, mvn_site
-from ..params import copy_into, deep_getattr, preconditioned_cholesky, unconstrained_tril
+from ..params import copy_into, holder_and_leaf, preconditioned_cholesky, unconstrained_tril
 from ..prototype import LayerSite
 from ..registry import register_guide
 
@@ -143,6 +143,7 @@ class MeanField(GaussianBlocks, LayerGuide):
         return layer.mean_function(Z_ref).mT, L_ref
 
     def _setup_sites(self, sites: list[LayerSite]) -> None:
+        self.__dict__["_holders"] = {}  # a plain attribute: no nn.Module bookkeeping
         for site in sites:
             layer = site.layer
             Z = layer.inducing_points.detach()
@@ -166,8 +167,21 @@ class MeanField(GaussianBlocks, LayerGuide):
         block = self.substituted_block(site.name)
         if block is not None:
             return (*block, None)
-        L, log_det = preconditioned_cholesky(deep_getattr(self.scale_trils, site.name))
-        return deep_getattr(self.locs, site.name), L, log_det
+        trils, locs, leaf = self._holders_of(site.name)
+        L, log_det = preconditioned_cholesky(getattr(trils, leaf))  # the factor read first
+        return getattr(locs, leaf), L, log_det
+
+    def _holders_of(self, name: str):
+        """``(module holding the factor, module holding the mean, attribute name)`` of the
+        site ``name``'s parameters, looked up on the first read after :meth:`setup`."""
+        holders = self.__dict__.get("_holders")
+        if holders is None:  # a guide pickled without the cache
+            holders = self.__dict__["_holders"] = {}
+        found = holders.get(name)
+        if found is None:
+            trils, leaf = holder_and_leaf(self.scale_trils, name)
+            found = holders[name] = (trils, holder_and_leaf(self.locs, name)[0], leaf)
+        return found
 
     def gaussian_blocks(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """``{"<layer>.u": (loc (D, M), scale_tril (D, M, M))}``: ``q(u)`` of each layer in its
