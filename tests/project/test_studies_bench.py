@@ -436,6 +436,48 @@ def _peer_record(dataset, peer, split, loglik, rmse=1.0, particles=True, steps=3
             "command": "python benchmarks/peers.py", "date": f"2026-11-28T0{split}"}
 
 
+def _budget_record(dataset, objective, loglik, splits, steps=10000, schedule=None):
+    settings = {"dataset": dataset, "guide": "meanfield", "objective": objective,
+                "steps": steps, "splits": splits, "validation": 0.1}
+    if schedule:
+        settings["lr_schedule"] = schedule
+    return {"date": "2026-11-29", "settings": settings,
+            "figures": {"test_loglik": loglik, "rmse": 1.0}}
+
+
+def test_budget_goal_rows_compare_the_most_splits_at_each_longer_budget():
+    records = [
+        # energy: the one-split alpha = 1 fit is better but the set has three splits of ELBO
+        _budget_record("energy", "alpha=1", -0.1, 1),
+        _budget_record("energy", "auto", -0.5, 3),
+        _budget_record("energy", "auto", -0.2, 1),
+        _budget_record("energy", "stack", -0.4, 3),
+        # naval: only fit's defaults at the cosine schedule, above SGHMC's 7.77
+        _budget_record("naval", "auto,P=10", 8.1, 3, schedule="cosine"),
+        # wine_red: alpha = 1's degenerate log-lik and its stack do not count
+        _budget_record("wine_red", "alpha=1", 1.5, 2),
+        _budget_record("wine_red", "stack", 1.4, 2),
+        _budget_record("wine_red", "auto", -0.9, 2),
+        # the atlas's budget and sets outside Lindinger et al.'s table are not rows
+        _budget_record("boston", "auto", -2.0, 3, steps=3000),
+        _budget_record("yacht", "auto", 0.5, 3),
+    ]
+    rows = {r["settings"]["dataset"]: r for r in studies.budget_goal_rows(records)}
+    assert set(rows) == {"energy", "naval", "wine_red", "goal"}
+    energy = rows["energy"]
+    assert energy["settings"]["splits"] == 3
+    assert energy["figures"]["best"] == "meanfield, auto"
+    assert energy["figures"]["best_cell"].startswith("-0.500")
+    assert energy["figures"]["stack"].startswith("-0.400")
+    assert energy["figures"]["goal"] == "no"  # the stack, -0.4, is the best; SGHMC's -0.34
+    assert rows["naval"]["figures"]["best"] == "meanfield, auto,P=10, cosine"
+    assert rows["naval"]["figures"]["goal"] == "yes"
+    assert rows["wine_red"]["figures"]["best_cell"].startswith("-0.900")
+    assert rows["wine_red"]["figures"]["stack"] == ""
+    assert rows["wine_red"]["figures"]["goal"] == "no"
+    assert rows["goal"]["figures"]["goal"] == "1"
+
+
 def test_kernel_rows_compare_the_two_layouts_over_the_splits_both_have_run():
     records = [
         _peer_record("boston", "ours", 0, -2.0, 2.0), _peer_record("boston", "ours", 1, -3.0),
