@@ -88,11 +88,12 @@ def stack_figures(records: list[dict], dataset: str, guide: str, split: int, arg
 def record_stack(args, dataset: str, guide: str) -> None:
     """One line of ``defaults.jsonl`` for the :data:`STACK` column over the splits it has."""
     records = uci.read_records(Path(args.out))
-    per_split = [f for k in args.splits
-                 if (f := stack_figures(records, dataset, guide, k, args)) is not None]
-    if not per_split:
+    stacked = {k: f for k in args.splits
+               if (f := stack_figures(records, dataset, guide, k, args)) is not None}
+    if not stacked:
         return
-    figures = {"splits_run": len(per_split), "weights": [f["weights"] for f in per_split],
+    per_split = list(stacked.values())
+    figures = {"splits_run": sorted(stacked), "weights": [f["weights"] for f in per_split],
                "weights_from": per_split[0]["weights_from"], **grid.split_means(per_split)}
     results.record("defaults", _settings(args, dataset, guide, STACK, len(per_split)), figures)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 __all__ = ["ATLAS_GUIDES", "INTEGER_TARGETS", "LINDINGER", "OBJECTIVES", "SET_ORDER",
            "KERNEL_PEERS", "atlas_goal_rows", "atlas_rows", "budget_goal_rows", "kernel_rows",
-           "lindinger_cell",
+           "lindinger_cell", "summary_splits",
            "objective_cell", "objective_rows", "winners"]
 
 #: UCI sets by training-set size, smallest first
@@ -243,7 +243,7 @@ def atlas_goal_rows(records: list[dict]) -> list[dict]:
                         "meanfield": _row_cell(max(mf, key=key) if mf else None),
                         "richer": "" if best_rich is None else
                         f"{best_rich['settings']['guide']}: {_row_cell(best_rich)}",
-                        "sghmc": "" if sghmc is None else sghmc[0],
+                        "sghmc": "" if sghmc is None else sghmc[0], "reached": hit,
                         "goal": f"{'yes' if hit else 'no'}; "
                                 f"{('yes' if rich_best else 'no') if mf else '—'}"}})
     if rows:
@@ -255,51 +255,78 @@ def atlas_goal_rows(records: list[dict]) -> list[dict]:
     return rows
 
 
-def budget_goal_rows(records: list[dict]) -> list[dict]:
-    """The defaults study's runs at budgets other than the atlas's 3,000 steps, one row per
-    (set of Lindinger et al. 2020's, steps): its best single fit and its held-out stack
-    against SGHMC DGP's best over L; then a row counting the sets reached.
+def summary_splits(rec: dict) -> tuple[int, ...] | None:
+    """The splits a defaults-study summary covers: its ``splits_run`` list, or, where that is
+    a count (the stack's summaries before they listed their splits), the ``--splits`` of its
+    command when there are as many; ``None`` when unknown."""
+    run = rec["figures"].get("splits_run")
+    if isinstance(run, list):
+        return tuple(run)
+    words = str(rec.get("command") or "").split()
+    if "--splits" not in words:
+        return None
+    given = []
+    for word in words[words.index("--splits") + 1:]:
+        if not word.isdigit():
+            break
+        given.append(int(word))
+    return tuple(given) if len(given) == run else None
 
-    Per set and budget, each configuration (objective, schedule) counts with its record over
-    the most splits, and only those over the most splits of the set are compared. On
+
+def budget_goal_rows(records: list[dict], atlas: list[dict] | None = None) -> list[dict]:
+    """The defaults study's runs at budgets other than the atlas's 3,000 steps, one row per
+    (set of Lindinger et al. 2020's, steps): its best single fit and its held-out stack beside
+    the atlas's best row (``atlas``: the guide atlas's records, :func:`atlas_goal_rows`),
+    against SGHMC DGP's best over L; then a row counting the sets reached at these budgets and
+    at either budget, the atlas's included.
+
+    Per set and budget, the configurations (objective, schedule) are compared over the
+    largest set of splits that any of its single fits has covered, each with its latest
+    summary over exactly those splits (:func:`_splits_run`). On
     :data:`INTEGER_TARGETS` only the ELBO fits count (no alpha = 1 fit, no stack of one)."""
-    chosen = _most_splits([r for r in records if r["settings"].get("steps") != 3000
-                           and r["settings"].get("validation")
-                           and r["settings"]["dataset"] in LINDINGER],
-                          lambda r: tuple(str(r["settings"].get(k)) for k in (
-                              "dataset", "steps", "guide", "objective", "lr_schedule")))
-    groups: dict[tuple, list[dict]] = {}
-    for rec in chosen.values():
+    at_atlas = {r["settings"]["dataset"]: r["figures"] for r in atlas_goal_rows(atlas or [])}
+    latest: dict[tuple, dict] = {}
+    for rec in sorted(records, key=lambda r: str(r.get("date") or "")):
         s = rec["settings"]
-        if s["dataset"] not in INTEGER_TARGETS or s["objective"] in ("auto", "auto,P=10"):
-            groups.setdefault((s["dataset"], s["steps"]), []).append(rec)
+        if (s.get("steps") != 3000 and s.get("validation") and s["dataset"] in LINDINGER
+                and (s["dataset"] not in INTEGER_TARGETS or s["objective"] in ("auto", "auto,P=10"))
+                and summary_splits(rec)):
+            latest[(s["dataset"], s["steps"], s["guide"], s["objective"], s.get("lr_schedule"),
+                    summary_splits(rec))] = rec
+    groups: dict[tuple, list[dict]] = {}
+    for key, rec in latest.items():
+        groups.setdefault(key[:2], []).append(rec)
     rows, reached = [], set()
     for (dataset, steps), recs in sorted(groups.items(), key=lambda kv: (_rank(kv[0][0]),
                                                                          kv[0][1])):
-        most = max(r["settings"]["splits"] for r in recs)
-        recs = [r for r in recs if r["settings"]["splits"] == most]
+        covered = [summary_splits(r) for r in recs if r["settings"]["objective"] != "stack"]
+        most = max(covered, key=lambda sp: (len(sp), covered.count(sp)), default=())
+        recs = [r for r in recs if summary_splits(r) == most]
+        if not recs:
+            continue
         fits = [r for r in recs if r["settings"]["objective"] != "stack"]
         stack = next((r for r in recs if r["settings"]["objective"] == "stack"), None)
         key = lambda r: r["figures"]["test_loglik"]  # noqa: E731
         best = max(fits, key=key) if fits else None
-        top = max(recs, key=key)
-        hit = _sghmc_reached(dataset, key(top))
+        hit = _sghmc_reached(dataset, key(max(recs, key=key)))
         if hit:
             reached.add(dataset)
         label = None if best is None else best["settings"]["guide"] + ", " + best[
             "settings"]["objective"] + (f", {best['settings']['lr_schedule']}"
                                         if best["settings"].get("lr_schedule") else "")
+        atlas_row = at_atlas.get(dataset, {})
         rows.append({**_latest(recs), "settings": {
-            "rank": _rank(dataset), "dataset": dataset, "splits": most, "steps": steps},
+            "rank": _rank(dataset), "dataset": dataset, "splits": len(most), "steps": steps},
             "figures": {"best": label or "", "best_cell": _row_cell(best),
-                        "stack": _row_cell(stack), "sghmc": LINDINGER[dataset][0],
-                        "goal": "yes" if hit else "no"}})
+                        "stack": _row_cell(stack), "atlas": atlas_row.get("best_cell", ""),
+                        "sghmc": LINDINGER[dataset][0], "goal": "yes" if hit else "no"}})
     if rows:
+        either = reached | {d for d, f in at_atlas.items() if f.get("reached")}
         rows.append({**_latest(records), "settings": {
             "rank": len(SET_ORDER) + 1, "dataset": "goal", "splits": "", "steps": ""},
-            "figures": {"best": "", "best_cell": "", "stack": "",
-                        "sghmc": f"of {len({r['settings']['dataset'] for r in rows})} sets run",
-                        "goal": str(len(reached))}})
+            "figures": {"best": "", "best_cell": "", "stack": "", "atlas": "",
+                        "sghmc": f"of {len(LINDINGER)} sets",
+                        "goal": f"{len(reached)}; {len(either)} at either budget"}})
     return rows
 
 

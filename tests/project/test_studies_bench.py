@@ -437,32 +437,40 @@ def _peer_record(dataset, peer, split, loglik, rmse=1.0, particles=True, steps=3
 
 
 def _budget_record(dataset, objective, loglik, splits, steps=10000, schedule=None):
+    """A defaults-study summary over ``splits`` (a list of split indices)."""
     settings = {"dataset": dataset, "guide": "meanfield", "objective": objective,
-                "steps": steps, "splits": splits, "validation": 0.1}
+                "steps": steps, "splits": len(splits), "validation": 0.1}
     if schedule:
         settings["lr_schedule"] = schedule
     return {"date": "2026-11-29", "settings": settings,
-            "figures": {"test_loglik": loglik, "rmse": 1.0}}
+            "figures": {"test_loglik": loglik, "rmse": 1.0, "splits_run": list(splits)}}
 
 
-def test_budget_goal_rows_compare_the_most_splits_at_each_longer_budget():
+def test_budget_goal_rows_compare_the_same_splits_at_each_longer_budget():
     records = [
-        # energy: the one-split alpha = 1 fit is better but the set has three splits of ELBO
-        _budget_record("energy", "alpha=1", -0.1, 1),
-        _budget_record("energy", "auto", -0.5, 3),
-        _budget_record("energy", "auto", -0.2, 1),
-        _budget_record("energy", "stack", -0.4, 3),
+        # energy: the alpha = 1 fits cover splits 0 and 1 apart; the ELBO's cover all three
+        _budget_record("energy", "alpha=1", -0.1, [0]),
+        _budget_record("energy", "alpha=1", -3.0, [1]),
+        _budget_record("energy", "auto", -0.5, [0, 1, 2]),
+        _budget_record("energy", "auto", -0.2, [0]),
+        _budget_record("energy", "stack", -0.4, [0, 1, 2]),
+        _budget_record("energy", "stack", -0.1, [0]),
         # naval: only fit's defaults at the cosine schedule, above SGHMC's 7.77
-        _budget_record("naval", "auto,P=10", 8.1, 3, schedule="cosine"),
+        _budget_record("naval", "auto,P=10", 8.1, [0, 1, 2], schedule="cosine"),
         # wine_red: alpha = 1's degenerate log-lik and its stack do not count
-        _budget_record("wine_red", "alpha=1", 1.5, 2),
-        _budget_record("wine_red", "stack", 1.4, 2),
-        _budget_record("wine_red", "auto", -0.9, 2),
+        _budget_record("wine_red", "alpha=1", 1.5, [0, 1]),
+        _budget_record("wine_red", "stack", 1.4, [0, 1]),
+        _budget_record("wine_red", "auto", -0.9, [0, 1]),
         # the atlas's budget and sets outside Lindinger et al.'s table are not rows
-        _budget_record("boston", "auto", -2.0, 3, steps=3000),
-        _budget_record("yacht", "auto", 0.5, 3),
+        _budget_record("boston", "auto", -2.0, [0, 1, 2], steps=3000),
+        _budget_record("yacht", "auto", 0.5, [0, 1, 2]),
     ]
-    rows = {r["settings"]["dataset"]: r for r in studies.budget_goal_rows(records)}
+    # the atlas reaches SGHMC's -2.65 on power (a set the longer budget has not run)
+    atlas = [_atlas_record("power", "meanfield", "auto", -2.6, validation=0.1),
+             _atlas_record("power", "stacked", "own", -2.5, validation=0.1),
+             _atlas_record("naval", "meanfield", "auto", 7.0, validation=0.1),
+             _atlas_record("naval", "stacked", "own", 7.1, validation=0.1)]
+    rows = {r["settings"]["dataset"]: r for r in studies.budget_goal_rows(records, atlas)}
     assert set(rows) == {"energy", "naval", "wine_red", "goal"}
     energy = rows["energy"]
     assert energy["settings"]["splits"] == 3
@@ -471,11 +479,21 @@ def test_budget_goal_rows_compare_the_most_splits_at_each_longer_budget():
     assert energy["figures"]["stack"].startswith("-0.400")
     assert energy["figures"]["goal"] == "no"  # the stack, -0.4, is the best; SGHMC's -0.34
     assert rows["naval"]["figures"]["best"] == "meanfield, auto,P=10, cosine"
+    assert rows["naval"]["figures"]["atlas"].startswith("7.100")
     assert rows["naval"]["figures"]["goal"] == "yes"
     assert rows["wine_red"]["figures"]["best_cell"].startswith("-0.900")
     assert rows["wine_red"]["figures"]["stack"] == ""
     assert rows["wine_red"]["figures"]["goal"] == "no"
-    assert rows["goal"]["figures"]["goal"] == "1"
+    assert rows["goal"]["figures"]["goal"] == "1; 2 at either budget"  # naval; and power
+
+
+def test_a_stack_summary_without_its_split_list_takes_its_commands_splits():
+    rec = _budget_record("energy", "stack", -0.3, [1, 2])
+    rec["figures"]["splits_run"] = 2
+    rec["command"] = "python benchmarks/defaults.py --splits 1 2 --steps 10000"
+    assert studies.summary_splits(rec) == (1, 2)
+    rec["command"] = "python benchmarks/defaults.py --splits 0 1 2 --steps 10000"
+    assert studies.summary_splits(rec) is None  # two of three: which two is unknown
 
 
 def test_kernel_rows_compare_the_two_layouts_over_the_splits_both_have_run():
