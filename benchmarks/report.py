@@ -242,6 +242,14 @@ def _figure_cell(flat: dict, name: str) -> str:
     return text
 
 
+def _set_column(second: str) -> Column:
+    """A goal table's first column: the set, its number of splits and ``second``'s value."""
+    return Column(f"data set (splits; {second})", lambda rec, flat: (
+        f"{rec['settings']['dataset']} ({rec['settings']['splits']}; "
+        f"{rec['settings'][second]})").replace(" (; )", ""),
+        ("rank", "dataset", "splits", second))
+
+
 def _ratio(numerator: str, denominator: str) -> Column:
     def cell(rec: dict, flat: dict) -> str:
         a, b = flat.get(f"ms_per_step.{numerator}"), flat.get(f"ms_per_step.{denominator}")
@@ -478,9 +486,7 @@ SECTIONS = (
             combine=studies.atlas_rows),
     Section("Which guide is best on each of Lindinger et al. 2020's sets?", "guides",
             lambda rec: True,
-            (Column("data set (splits; protocol)", lambda rec, flat: "{dataset} ({splits}; "
-                    "{protocol})".format(**rec["settings"]).replace(" (; )", ""),
-                    ("rank", "dataset", "splits", "protocol")),
+            (_set_column("protocol"),
              _figure("best", "best row"), _figure("best_cell", "its log-lik / RMSE"),
              _figure("meanfield", "best MeanField fit"),
              _figure("richer", "best row richer than one MeanField fit"),
@@ -501,9 +507,7 @@ SECTIONS = (
             "the best at or above SGHMC on 6 of 8 sets, a richer row best on 5 of 8.",
             combine=studies.atlas_goal_rows),
     Section("Does a longer budget reach SGHMC's figures?", "defaults", lambda rec: True,
-            (Column("data set (splits; steps)", lambda rec, flat: "{dataset} ({splits}; "
-                    "{steps})".format(**rec["settings"]).replace(" (; )", ""),
-                    ("rank", "dataset", "splits", "steps")),
+            (_set_column("steps"),
              _figure("best", "best single fit"), _figure("best_cell", "its log-lik / RMSE"),
              _figure("stack", "stack: log-lik / RMSE"),
              _figure("atlas", "the atlas's best at 3,000 steps"),

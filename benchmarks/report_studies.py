@@ -247,12 +247,18 @@ def atlas_goal_rows(records: list[dict]) -> list[dict]:
                         "goal": f"{'yes' if hit else 'no'}; "
                                 f"{('yes' if rich_best else 'no') if mf else '—'}"}})
     if rows:
-        rows.append({**_latest(records), "settings": {
-            "rank": len(SET_ORDER) + 1, "dataset": "goal", "splits": "", "protocol": ""},
-            "figures": {"best": "", "best_cell": "", "meanfield": "", "richer": "",
-                        "sghmc": f"of {len(LINDINGER)} sets",
-                        "goal": f"{reached}; {richer}"}})
+        rows.append(_goal_row(records, rows[0], f"{reached}; {richer}"))
     return rows
+
+
+def _goal_row(records: list[dict], like: dict, goal: str) -> dict:
+    """The last row of a goal table: empty cells where ``like`` (a set's row) has settings
+    and figures, the count of sets reached ``goal`` beside the number of Lindinger's sets."""
+    return {**_latest(records),
+            "settings": {**{k: "" for k in like["settings"]}, "rank": len(SET_ORDER) + 1,
+                         "dataset": "goal"},
+            "figures": {**{k: "" for k in like["figures"]}, "reached": False,
+                        "sghmc": f"of {len(LINDINGER)} sets", "goal": goal}}
 
 
 def summary_splits(rec: dict) -> tuple[int, ...] | None:
@@ -284,7 +290,8 @@ def budget_goal_rows(records: list[dict], atlas: list[dict] | None = None) -> li
     largest set of splits that any of its single fits has covered, each with its latest
     summary over exactly those splits (:func:`_splits_run`). On
     :data:`INTEGER_TARGETS` only the ELBO fits count (no alpha = 1 fit, no stack of one)."""
-    at_atlas = {r["settings"]["dataset"]: r["figures"] for r in atlas_goal_rows(atlas or [])}
+    at_atlas = {r["settings"]["dataset"]: r["figures"] for r in atlas_goal_rows(atlas or [])
+                if r["settings"]["dataset"] in LINDINGER}
     latest: dict[tuple, dict] = {}
     for rec in sorted(records, key=lambda r: str(r.get("date") or "")):
         s = rec["settings"]
@@ -322,11 +329,8 @@ def budget_goal_rows(records: list[dict], atlas: list[dict] | None = None) -> li
                         "sghmc": LINDINGER[dataset][0], "goal": "yes" if hit else "no"}})
     if rows:
         either = reached | {d for d, f in at_atlas.items() if f.get("reached")}
-        rows.append({**_latest(records), "settings": {
-            "rank": len(SET_ORDER) + 1, "dataset": "goal", "splits": "", "steps": ""},
-            "figures": {"best": "", "best_cell": "", "stack": "", "atlas": "",
-                        "sghmc": f"of {len(LINDINGER)} sets",
-                        "goal": f"{len(reached)}; {len(either)} at either budget"}})
+        rows.append(_goal_row(records, rows[0],
+                              f"{len(reached)}; {len(either)} at either budget"))
     return rows
 
 
