@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--is-draws", type=int, default=1_000_000,
                    help="importance-sampling draws of the reference")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", default=1, type=lambda s: s if s == "auto" else int(s),
+                   help="processes that run the chains (gold.run_nuts's jobs: a number or "
+                        "'auto'); the draws do not depend on it")
     p.add_argument("--no-record", action="store_true",
                    help="print the figures; append nothing to the results")
     args = p.parse_args(argv)
@@ -50,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         res = gold.run_nuts(model, X, y, target="posterior", num_samples=args.samples,
                             warmup_steps=args.warmup, num_chains=args.chains, seed=args.seed,
                             full_mass=True, max_tree_depth=args.max_tree_depth,
-                            progress=False)
+                            progress=False, jobs=args.jobs)
     seconds = time.perf_counter() - t0
     pred = res.predict(x_star, seed=args.seed)
     mean, var = gold.mixture_moments(pred)

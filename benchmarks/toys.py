@@ -83,7 +83,7 @@ def _reference(model, X, y, args) -> tuple:
     nuts = gold.run_nuts(model, X, y, target="posterior", num_samples=args.nuts_samples,
                          warmup_steps=args.nuts_warmup, num_chains=args.nuts_chains,
                          seed=args.seed, full_mass=True, max_tree_depth=args.max_tree_depth,
-                         progress=False)
+                         progress=False, jobs=args.nuts_jobs)
     seconds = time.perf_counter() - t0
     reference = gold.symmetrised(nuts)
     masses = gold.importance_mode_masses(model, X, y, num_draws=args.is_draws, seed=args.seed)
@@ -281,6 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nuts-warmup", type=int, default=150)
     p.add_argument("--nuts-samples", type=int, default=150)
     p.add_argument("--max-tree-depth", type=int, default=8)
+    p.add_argument("--nuts-jobs", default=1, type=lambda s: s if s == "auto" else int(s),
+                   help="processes that run NUTS's chains (gold.run_nuts's jobs); the draws do "
+                        "not depend on it")
     p.add_argument("--is-draws", type=int, default=400_000,
                    help="importance-sampling draws of the modes' masses")
     p.add_argument("--seed", type=int, default=0)

@@ -12,7 +12,8 @@ Two targets, each a density over one value per sampled site:
   the comparator for how far a guide is from what its family could do.
 
 NUTS runs on the potential ``-log density`` (no Pyro model is traced per step). Chains run
-one after another, each from its own prior draw and its own seed ``seed + c``; NUTS does not
+one after another (or side by side in processes, ``jobs``), each from its own prior draw and
+its own seed ``seed + c``; NUTS does not
 cross between well-separated modes, so several chains are what finds several modes. The chains
 are then grouped (chains that agree, by pairwise split-R-hat) and the groups weighed by
 stacking of their leave-one-out predictive densities (Yao, Vehtari and Gelman 2022;
@@ -29,6 +30,7 @@ on ``y``). The draws behind it are the groups' draws resampled to their stacking
 
 from __future__ import annotations
 
+import pickle
 import time
 from dataclasses import dataclass, field
 
@@ -38,6 +40,7 @@ from pyro.ops.stats import effective_sample_size, split_gelman_rubin
 
 from ..gp import DeepGP
 from ..prediction import MixturePredictive
+from ..processes import process_count, run_here_and_in_workers, tensors_from_bytes, tensors_to_bytes
 from ..rng import seeded
 from ..validation import check_inputs, check_positive_int
 from .chains import ChainGroups, combine_chains
@@ -211,10 +214,9 @@ def _loo_log_likelihood(target, samples: dict[str, torch.Tensor]) -> torch.Tenso
     return torch.cat(out).reshape(C, S, -1)
 
 
-def _run_chain(density, gold: GoldStandard, seed: int, device, S: int, W: int) -> dict:
+def _run_chain(density, settings: dict, seed: int, device, S: int, W: int) -> tuple:
     """One chain of NUTS on ``density`` from a prior draw, seeded by ``seed`` (the caller's
-    random state left as it was); its time, divergences and step size go to ``gold``."""
-    settings = gold.settings
+    random state left as it was): ``(draws by site, seconds, divergences, step size)``."""
     with seeded(seed, device):
         start = {name: prior.sample() for name, prior in
                  zip(density.names, density.priors, strict=True)}
@@ -226,18 +228,40 @@ def _run_chain(density, gold: GoldStandard, seed: int, device, S: int, W: int) -
                     disable_progbar=not settings["progress"])
         t0 = time.perf_counter()
         mcmc.run()
-        gold.seconds.append(time.perf_counter() - t0)
-    gold.divergences.append(int(sum(len(d) for d in
-                                    mcmc.diagnostics()["divergences"].values())))
-    gold.step_size.append(float(kernel.step_size))
-    return {k: v.detach() for k, v in mcmc.get_samples().items()}
+        seconds = time.perf_counter() - t0
+    divergences = int(sum(len(d) for d in mcmc.diagnostics()["divergences"].values()))
+    return ({k: v.detach() for k, v in mcmc.get_samples().items()}, seconds, divergences,
+            float(kernel.step_size))
+
+
+def _chain_in_worker(payload: bytes) -> tuple:
+    """In a worker process: :func:`_run_chain` of a pickled job, its draws as bytes."""
+    density, settings, seed, device, S, W = pickle.loads(payload)  # from run_nuts's process
+    draws, *stats = _run_chain(density, settings, seed, device, S, W)
+    return (tensors_to_bytes(draws), *stats)
+
+
+def _run_chains(density, settings: dict, seeds: list[int], device, S: int, W: int,
+                workers: int) -> list[tuple]:
+    """:func:`_run_chain` for each seed: one after another, or the first here and the others
+    in ``workers - 1`` spawned processes (:mod:`pyro_dgp.processes`)."""
+    if workers == 1:
+        return [_run_chain(density, settings, seed, device, S, W) for seed in seeds]
+    quiet = dict(settings, progress=False)
+    payloads = [pickle.dumps((density, quiet, seed, device, S, W),
+                             protocol=pickle.HIGHEST_PROTOCOL) for seed in seeds[1:]]
+    first, sent = run_here_and_in_workers(
+        lambda: _run_chain(density, settings, seeds[0], device, S, W), _chain_in_worker,
+        payloads, workers)
+    return [first] + [(tensors_from_bytes(draws, map_location=device), *stats)
+                      for draws, *stats in sent]
 
 
 def run_nuts(model: DeepGP, X: torch.Tensor, y: torch.Tensor, *, target: str = "posterior",
              num_samples: int = 500, warmup_steps: int = 500, num_chains: int = 4,
              seed: int = 0, num_quadrature: int = 20, full_mass: bool = False,
              max_tree_depth: int = 10, target_accept_prob: float = 0.8,
-             progress: bool = True) -> GoldStandard:
+             progress: bool = True, jobs: int | str = 1) -> GoldStandard:
     """NUTS on ``target`` of ``model`` at ``(X, y)`` with the hyperparameters fixed, the
     chains grouped and weighed by stacking (module docstring).
 
@@ -253,7 +277,13 @@ def run_nuts(model: DeepGP, X: torch.Tensor, y: torch.Tensor, *, target: str = "
     :param num_quadrature: Gauss-Hermite nodes per inner output dimension of ``g(U)`` (the
         ELBO-optimum target only).
     :param full_mass: adapt a dense mass matrix (default diagonal).
-    :param progress: Pyro's progress bar per chain.
+    :param progress: Pyro's progress bar per chain (the first chain's only, with ``jobs > 1``).
+    :param jobs: processes that run the chains: 1 (default) runs them one after another here;
+        ``n`` runs the first here and the others in ``n - 1`` spawned worker processes of one
+        torch thread each (:mod:`pyro_dgp.processes`; the model and data travel by pickle,
+        so a script must start under ``if __name__ == "__main__":``); ``"auto"``: one per
+        usable CPU core, up to ``num_chains`` (1 on a GPU). With one torch thread here, a
+        chain's draws are the same in either place.
     :returns: :class:`GoldStandard`; with ``S >= 4``, its chains grouped and weighed
         (:func:`~pyro_dgp.gold.chains.combine_chains`, which warns
         :class:`~pyro_dgp.gold.chains.GoldMixingWarning` for a group that did not mix).
@@ -269,9 +299,15 @@ def run_nuts(model: DeepGP, X: torch.Tensor, y: torch.Tensor, *, target: str = "
         "num_quadrature": Q, "full_mass": full_mass, "max_tree_depth": max_tree_depth,
         "target_accept_prob": target_accept_prob, "progress": progress})
 
+    workers = process_count(jobs, C, X.device)
     with fixed_hyperparameters(model):
-        chains = [_run_chain(density, gold, seed + c, X.device, S, W) for c in range(C)]
-        gold.samples = {k: torch.stack([ch[k] for ch in chains]) for k in density.names}
+        chains = _run_chains(density, gold.settings, [seed + c for c in range(C)], X.device, S,
+                             W, workers)
+        for _, seconds, divergences, step_size in chains:
+            gold.seconds.append(seconds)
+            gold.divergences.append(divergences)
+            gold.step_size.append(step_size)
+        gold.samples = {k: torch.stack([ch[0][k] for ch in chains]) for k in density.names}
         flat = torch.cat([v.flatten(2) for v in gold.samples.values()], -1)  # (C, S, T)
         gold.ess = [float(effective_sample_size(flat[c:c + 1], 0, 1).min()) for c in range(C)]
         if C > 1 and S >= 4:

@@ -39,18 +39,16 @@ already uses every process).
 from __future__ import annotations
 
 import copy
-import io
 import os
 import pickle
-from concurrent.futures import ProcessPoolExecutor
 
 import pyro
 import torch
-import torch.multiprocessing
 
 from ..gp.layer import GPLayer, random_hyperparameters
 from ..guides.draws import check_guide_of
 from ..guides.protocol import protocol_of
+from ..processes import process_count, run_here_and_in_workers, tensors_from_bytes, tensors_to_bytes
 from ..rng import MAX_SEED
 from ..validation import (
     check_positive_int,
@@ -124,14 +122,7 @@ def restart_checkpoints(checkpoint, restarts: int) -> list[str | None]:
 def restart_jobs(jobs, restarts: int, model) -> int:
     """The number of processes that train: ``jobs``, or for ``"auto"`` one per usable CPU
     core up to ``restarts`` (1 for a model on a GPU); never more than ``restarts``."""
-    if jobs == "auto":
-        if model_dtype_device(model)[1].type != "cpu":
-            return 1
-        return max(1, min(restarts, len(os.sched_getaffinity(0)) if hasattr(
-            os, "sched_getaffinity") else os.cpu_count() or 1))
-    if isinstance(jobs, str):
-        raise ValueError(f"jobs must be a positive integer or 'auto', got {jobs!r}")
-    return min(check_positive_int(jobs, "jobs"), restarts)
+    return process_count(jobs, restarts, model_dtype_device(model)[1])
 
 
 def independent_copy(model, guide) -> tuple:
@@ -192,18 +183,10 @@ def _fit_in_workers(fit, pairs: list[tuple], X, y, runs: list[dict], workers: in
     payloads = [_payload(k, fit, m, g, X, y, dict(run, progress=False,
                                                    threads=run["threads"] or 1))
                 for k, ((m, g), run) in enumerate(zip(pairs, runs, strict=True)) if k > 0]
-    context = torch.multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers - 1, mp_context=context) as pool:
-        futures = [pool.submit(_train_in_worker, payload) for payload in payloads]
-        try:
-            results = [fit(*pairs[0], X, y, **runs[0])]
-            for (model, guide), future in zip(pairs[1:], futures, strict=True):
-                results.append(_load_trained(model, guide, X, y, *future.result()))
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            raise
-    return results
+    first, trained = run_here_and_in_workers(lambda: fit(*pairs[0], X, y, **runs[0]),
+                                             _train_in_worker, payloads, workers)
+    return [first] + [_load_trained(model, guide, X, y, *sent) for (model, guide), sent
+                      in zip(pairs[1:], trained, strict=True)]
 
 
 def _payload(k: int, fit, model, guide, X, y, run: dict) -> bytes:
@@ -219,20 +202,12 @@ def _payload(k: int, fit, model, guide, X, y, run: dict) -> bytes:
 
 
 def _train_in_worker(payload: bytes) -> tuple:
-    """In a worker process: one restart (:func:`_payload`), one torch thread by default;
-    returns ``(model's state_dict, guide's state_dict, as bytes; FitResult; the model's
-    num_data)``."""
-    torch.set_num_threads(1)
+    """In a worker process: one restart (:func:`_payload`); returns ``(model's state_dict,
+    guide's state_dict, as bytes; FitResult; the model's num_data)``."""
     fit, model, guide, X, y, run = pickle.loads(payload)  # from this package's parent process
     result = fit(model, guide, X, y, **run)
-    return (_to_bytes(model.state_dict()), _to_bytes(guide.state_dict()), result,
+    return (tensors_to_bytes(model.state_dict()), tensors_to_bytes(guide.state_dict()), result,
             getattr(model, "num_data", None))
-
-
-def _to_bytes(state: dict) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    return buffer.getvalue()
 
 
 def _load_trained(model, guide, X, y, model_state: bytes, guide_state: bytes, result,
@@ -243,8 +218,7 @@ def _load_trained(model, guide, X, y, model_state: bytes, guide_state: bytes, re
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             guide(X[..., :1, :], y[:1])  # creates its lazily built parameters, then loaded
     for module, state in ((model, model_state), (guide, guide_state)):
-        module.load_state_dict(torch.load(io.BytesIO(state), map_location=device,
-                                          weights_only=True))
+        module.load_state_dict(tensors_from_bytes(state, map_location=device))
     if num_data is not None:
         model.num_data = num_data
     return result

@@ -163,6 +163,29 @@ def test_two_mode_posterior_matches_importance_sampling():
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::pyro_dgp.gold.chains.GoldMixingWarning")  # short chains
+def test_chains_in_worker_processes_are_the_chains_run_here():
+    """``jobs=2``: chain 0 here, chain 1 in a spawned one-thread worker; with one thread here
+    too, every draw and diagnostic is the run's one after another."""
+    model, X, y = gold.two_mode_model()
+    runs = {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for jobs in (1, 2):
+            runs[jobs] = gold.run_nuts(model, X, y, num_samples=8, warmup_steps=8,
+                                       num_chains=2, seed=3, max_tree_depth=3, progress=False,
+                                       jobs=jobs)
+    finally:
+        torch.set_num_threads(threads)
+    for name, draws in runs[1].samples.items():
+        assert torch.equal(draws, runs[2].samples[name]), name
+    assert runs[1].divergences == runs[2].divergences
+    assert runs[1].step_size == runs[2].step_size
+    assert len(runs[2].seconds) == 2
+
+
+@pytest.mark.slow
 def test_two_separated_modes_are_two_groups_weighed_by_stacking():
     # chains seeded 3 and 4 start in the basins of modes B and A (tests/gold/test_two_modes.py)
     model, X, y = gold.two_mode_model()
