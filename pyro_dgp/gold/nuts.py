@@ -248,8 +248,14 @@ def _run_chains(density, settings: dict, seeds: list[int], device, S: int, W: in
     if workers == 1:
         return [_run_chain(density, settings, seed, device, S, W) for seed in seeds]
     quiet = dict(settings, progress=False)
-    payloads = [pickle.dumps((density, quiet, seed, device, S, W),
-                             protocol=pickle.HIGHEST_PROTOCOL) for seed in seeds[1:]]
+    try:
+        payloads = [pickle.dumps((density, quiet, seed, device, S, W),
+                                 protocol=pickle.HIGHEST_PROTOCOL) for seed in seeds[1:]]
+    except (pickle.PicklingError, AttributeError, TypeError) as error:
+        raise TypeError(
+            f"run_nuts(jobs={workers}) sends the model and data to worker processes by pickle, "
+            f"which failed ({error}); build the model from classes and functions at a module's "
+            "top level, or pass jobs=1") from None
     first, sent = run_here_and_in_workers(
         lambda: _run_chain(density, settings, seeds[0], device, S, W), _chain_in_worker,
         payloads, workers)

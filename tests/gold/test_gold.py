@@ -245,6 +245,13 @@ def test_bad_input_is_named():
                                                    "layer2.u": torch.zeros(1, 3, dtype=DT)})
     with pytest.raises(ValueError, match="num_samples"):
         gold.run_nuts(model, X, y, num_samples=0)
+    with pytest.raises(ValueError, match="jobs must be a positive integer or 'auto'"):
+        gold.run_nuts(model, X, y, jobs="all")
+    model.layers[0].note = lambda: None  # a lambda does not pickle
+    with pytest.raises(TypeError, match=r"run_nuts\(jobs=2\) sends the model and data to "
+                       "worker processes by pickle, which failed"):
+        gold.run_nuts(model, X, y, num_chains=2, jobs=2)
+    del model.layers[0].note
     with pytest.raises(ValueError, match="different numbers of points"):
         gold.predictive_distance(_gaussian(0.0, 1.0, n=3), _gaussian(0.0, 1.0, n=2))
     with pytest.raises(ValueError, match="different shapes"):
